@@ -1,0 +1,446 @@
+"""Benchmark runner: every configuration of a profile as a subprocess, repeated, then tables and plots.
+
+    python bench/bench.py --profile smoke --out /tmp/smoke          # CPU, seconds per run (what the tests run)
+    python bench/bench.py --profile cpu --out results/cpu-2core     # a 2-core laptop, about 10 minutes
+    python bench/bench.py --profile auto                            # gpu when CUDA is present, else cpu
+
+The matrix is data: bench/profiles.toml (or --matrix FILE). Each run gets a timeout, its own log in OUT/logs/ and
+its metrics JSON in OUT/metrics/; a run that fails, runs out of memory or times out becomes a row with its status
+and the last line of its log, and the others go on. Writes into OUT, each file atomically:
+runs.csv (one row per run), summary.csv (one row per configuration: median and min-max over the repeats, speed-up
+vs its baseline), table.md, env.json and the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import tomllib
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+import matplotlib  # noqa: E402
+
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import torch  # noqa: E402
+from tqdm import tqdm  # noqa: E402
+
+import common  # noqa: E402
+
+RUN_FIELDS = [
+    "script",
+    "technique",
+    "model",
+    "dataset",
+    "device",
+    "world_size",
+    "global_batch",
+    "precision",
+    "images_per_s",
+    "step_ms_p50",
+    "step_ms_p90",
+    "data_wait_frac",
+    "peak_mem_allocated_gib",
+    "peak_mem_reserved_gib",
+    "peak_host_rss_gib",
+    "test_acc",
+    "time_to_target_s",
+    "train_s",
+    "steps",
+]
+MEDIAN_FIELDS = [
+    "images_per_s",
+    "step_ms_p50",
+    "step_ms_p90",
+    "data_wait_frac",
+    "peak_mem_allocated_gib",
+    "peak_mem_reserved_gib",
+    "peak_host_rss_gib",
+    "test_acc",
+    "time_to_target_s",
+    "train_s",
+]
+
+
+def fail(message: str) -> None:
+    print(f"bench.py: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def load_profile(matrix: Path, profile: str) -> dict:
+    """The profile's table from the TOML `matrix`, with every run's defaults filled in. Exits on a malformed matrix."""
+    try:
+        profiles = tomllib.loads(matrix.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        fail(f"cannot read the matrix {matrix}: {error}")
+    if profile not in profiles:
+        fail(f"profile {profile!r} is not in {matrix} (it has: {', '.join(profiles)})")
+    table = profiles[profile]
+    runs = table.get("runs", [])
+    names = [run.get("name") for run in runs]
+    if not runs or None in names or len(set(names)) != len(names):
+        fail(f"profile {profile!r} in {matrix} needs runs, each with a unique name")
+    for run in runs:
+        if "script" not in run:
+            fail(f"run {run['name']!r} in {matrix} has no script")
+        run.setdefault("args", [])
+        run.setdefault("launcher", "python")
+        run.setdefault("repeats", table.get("repeats", 1))
+        run.setdefault("timeout_s", table.get("timeout_s", 600))
+    return table
+
+
+def skip_reason(run: dict, gpus: int) -> str | None:
+    """Why `run` cannot run on this machine (`requires`, `min_gpus`), or None."""
+    if run.get("requires") == "cuda" and gpus == 0:
+        return "needs a CUDA GPU"
+    if gpus < run.get("min_gpus", 0):
+        return f"needs ≥ {run['min_gpus']} GPUs, this machine has {gpus}"
+    return None
+
+
+def command(run: dict, metrics: Path, python: str, gpus: int) -> list[str]:
+    """The argv that runs `run` once and writes its metrics JSON to `metrics`."""
+    script = str(REPO / run["script"])
+    tail = [script, *map(str, run["args"]), "--metrics-out", str(metrics)]
+    if run["launcher"] == "torchrun":
+        nproc = gpus if run.get("nproc") == "gpus" else int(run.get("nproc", 1))
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *tail]
+    return [python, *tail]
+
+
+def last_line(log: Path) -> str:
+    """The last non-empty line of `log` (tqdm's carriage returns split lines too), at most 200 characters."""
+    try:
+        lines = [line.strip() for line in re.split(r"[\r\n]", log.read_text(errors="replace")) if line.strip()]
+    except OSError:
+        return ""
+    return lines[-1][:200] if lines else ""
+
+
+def execute(run: dict, repeat: int, out: Path, python: str, gpus: int) -> dict:
+    """Run `run` once as a subprocess with its timeout; return its row for runs.csv (status ok/failed/oom/timeout)."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", run["name"]).strip("-")
+    log, metrics = out / "logs" / f"{slug}-r{repeat}.log", out / "metrics" / f"{slug}-r{repeat}.json"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.unlink(missing_ok=True)
+    argv = command(run, metrics, python, gpus)
+    row = {"config": run["name"], "repeat": repeat, "log": str(log.relative_to(out)), "command": " ".join(argv)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(argv) + "\n")
+        f.flush()
+        # A new session, so that a timeout kills the whole process group (DataLoader workers, torchrun's children).
+        process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
+        try:
+            rc = process.wait(timeout=run["timeout_s"])
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            rc = None
+        except KeyboardInterrupt:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise
+    row["wall_s"] = time.perf_counter() - started
+    text = log.read_text(errors="replace")
+    if rc is None:
+        row.update(status="timeout", reason=f"killed after {run['timeout_s']} s; last line: {last_line(log)}")
+    elif rc != 0:
+        oom = "out of memory" in text.lower() or "MemoryError" in text
+        row.update(status="oom" if oom else "failed", reason=f"exit {rc}: {last_line(log)}")
+    elif not metrics.exists():
+        row.update(status="failed", reason="exit 0 but no metrics JSON written")
+    else:
+        record = json.loads(metrics.read_text())
+        row.update({key: record.get(key) for key in RUN_FIELDS}, status=record.get("status", "ok"), reason="")
+        row["epochs"] = json.dumps(record.get("epochs", []))
+    return row
+
+
+def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
+    """One row per configuration, in matrix order: medians over its ok runs (min-max for images/s) and speed-up."""
+    rows = []
+    for run in matrix:
+        mine = runs[runs.config == run["name"]]
+        ok = mine[mine.status == "ok"]
+        row = {
+            "config": run["name"],
+            "note": run.get("note", ""),
+            "baseline": run.get("baseline", ""),
+            "runs_ok": len(ok),
+            "runs": len(mine),
+        }
+        if len(ok):
+            first = ok.iloc[0]
+            row.update(
+                {
+                    key: first.get(key)
+                    for key in ["script", "model", "dataset", "device", "world_size", "global_batch", "precision"]
+                }
+            )
+            for key in MEDIAN_FIELDS:
+                values = pd.to_numeric(ok[key], errors="coerce").dropna() if key in ok else pd.Series(dtype=float)
+                row[key] = values.median() if len(values) else None
+            row["images_per_s_min"] = pd.to_numeric(ok.images_per_s, errors="coerce").min()
+            row["images_per_s_max"] = pd.to_numeric(ok.images_per_s, errors="coerce").max()
+            row["status"], row["reason"] = (
+                "ok",
+                ""
+                if len(ok) == len(mine)
+                else "; ".join(f"r{r.repeat}: {r.status} {r.reason}" for r in mine.itertuples() if r.status != "ok"),
+            )
+        else:
+            row["status"] = mine.status.iloc[0] if len(mine) else "not run"
+            row["reason"] = mine.reason.iloc[0] if len(mine) else "interrupted before this configuration"
+        rows.append(row)
+    summary = pd.DataFrame(rows)
+    if "images_per_s" not in summary:
+        summary["images_per_s"] = None
+    speed = dict(zip(summary.config, pd.to_numeric(summary.images_per_s, errors="coerce")))
+    summary["speedup"] = [
+        speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
+        for c, b in zip(summary.config, summary.baseline)
+    ]
+    return summary
+
+
+def hardware_line(env: dict) -> str:
+    """One line naming the hardware and versions, for the table's header."""
+    if env["gpu_count"]:
+        names = sorted(set(env["gpus"]))
+        hw = f"{env['gpu_count']} × {' + '.join(names)}, {env['cpu_count']} CPU cores"
+    else:
+        hw = f"CPU only: {env['cpu_count']} cores ({env['cpu']}), no GPU"
+    return (
+        f"{hw} · torch {env['torch']} · torchvision {env['torchvision']} · CUDA {env['cuda'] or '–'} · "
+        f"cuDNN {env['cudnn'] or '–'} · DALI {env['dali'] or '–'} · Python {env['python']} · host {env['hostname']}"
+    )
+
+
+def _fmt(value, spec: str, scale: float = 1.0, missing: str = "–") -> str:
+    try:
+        if value is None or pd.isna(value):
+            return missing
+        return format(float(value) * scale, spec)
+    except (TypeError, ValueError):
+        return missing
+
+
+def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str) -> str:
+    """table.md: hardware and versions in the header, one row per configuration."""
+    rows = []
+    for r in summary.to_dict("records"):
+        synthetic = r.get("dataset") == "synthetic"
+        ips = _fmt(r.get("images_per_s"), ".1f")
+        if r.get("runs_ok", 0) > 1:
+            ips += f" ({_fmt(r.get('images_per_s_min'), '.0f')}–{_fmt(r.get('images_per_s_max'), '.0f')})"
+        on_cpu = r.get("device") == "cpu"
+        rows.append(
+            {
+                "configuration": r["config"],
+                "model": r.get("model") or "–",
+                "data": r.get("dataset") or "–",
+                "device": r.get("device") or "–",
+                "world size": _fmt(r.get("world_size"), ".0f"),
+                "global batch": _fmt(r.get("global_batch"), ".0f"),
+                "precision": r.get("precision") or "–",
+                "images/s": ips,
+                "speed-up": _fmt(r.get("speedup"), ".2f") + ("×" if pd.notna(r.get("speedup")) else ""),
+                "step p50 (ms)": _fmt(r.get("step_ms_p50"), ".1f"),
+                "data-wait": _fmt(r.get("data_wait_frac"), ".1f", 100)
+                + (" %" if pd.notna(r.get("data_wait_frac")) else ""),
+                "peak alloc (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                "peak reserved (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_reserved_gib"), ".2f"),
+                "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
+                "test acc": "synthetic"
+                if synthetic
+                else _fmt(r.get("test_acc"), ".2f", 100) + (" %" if pd.notna(r.get("test_acc")) else ""),
+                "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),
+                "status": r["status"]
+                + (f": {r['reason']}" if r.get("reason") else "")
+                + (f" ({r['note']})" if r.get("note") else ""),
+            }
+        )
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (
+        f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n"
+        f"images/s: global, steady state (warm-up steps excluded), median over {repeats} "
+        "(min–max in brackets when repeated). Speed-up: median images/s over the baseline configuration's. "
+        "Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
+        "Fashion-MNIST test images after the last epoch.\n\n"
+    )
+    return header + pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def _save(fig, path: Path) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> None:
+    """The four PNGs: images/s with speed-up labels, accuracy vs training time, peak memory, data-wait vs compute."""
+    ok = summary[summary.status == "ok"].copy()
+    labels = ok.config.tolist()
+    height = 1 + 0.5 * max(len(ok), 1)
+
+    fig, ax = plt.subplots(figsize=(9, height))
+    ips = pd.to_numeric(ok.images_per_s, errors="coerce").fillna(0)
+    err = (
+        [
+            ips - pd.to_numeric(ok.images_per_s_min, errors="coerce").fillna(ips),
+            pd.to_numeric(ok.images_per_s_max, errors="coerce").fillna(ips) - ips,
+        ]
+        if len(ok)
+        else None
+    )
+    bars = ax.barh(labels, ips, xerr=err, color="tab:blue", capsize=3)
+    ax.bar_label(bars, [_fmt(s, ".2f") + "×" if pd.notna(s) else "" for s in ok.speedup], padding=4)
+    ax.invert_yaxis()
+    ax.set_xlabel("images/s (median, min–max)")
+    ax.set_title(f"Throughput: {title}")
+    _save(fig, out / "throughput.png")
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in runs[(runs.status == "ok") & (runs.dataset != "synthetic")].itertuples():
+        epochs = json.loads(r.epochs) if isinstance(r.epochs, str) else []
+        if epochs:
+            ax.plot(
+                [e["train_s"] for e in epochs],
+                [100 * e["val_acc"] for e in epochs],
+                marker="o",
+                label=f"{r.config} (r{r.repeat})",
+            )
+    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"Accuracy vs time: {title}")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    _save(fig, out / "accuracy_vs_time.png")
+
+    fig, ax = plt.subplots(figsize=(9, height))
+    y = range(len(ok))
+    for offset, (key, name) in enumerate(
+        [
+            ("peak_mem_allocated_gib", "peak allocated (device)"),
+            ("peak_mem_reserved_gib", "peak reserved (device)"),
+            ("peak_host_rss_gib", "peak host RSS"),
+        ]
+    ):
+        values = pd.to_numeric(ok[key], errors="coerce").fillna(0) if key in ok else [0] * len(ok)
+        ax.barh([i + (offset - 1) * 0.27 for i in y], values, height=0.27, label=name)
+    ax.set_yticks(list(y), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB (device memory is 0 on CPU runs)")
+    ax.set_title(f"Peak memory: {title}")
+    ax.legend(fontsize=8)
+    _save(fig, out / "memory.png")
+
+    fig, ax = plt.subplots(figsize=(9, height))
+    wait = 100 * pd.to_numeric(ok.data_wait_frac, errors="coerce").fillna(0)
+    ax.barh(labels, wait, color="tab:red", label="waiting for data")
+    ax.barh(labels, 100 - wait, left=wait, color="tab:green", label="compute and the rest")
+    ax.invert_yaxis()
+    ax.set_xlabel("% of steady-state step time")
+    ax.set_title(f"Data-wait vs compute: {title}")
+    ax.legend(fontsize=8)
+    _save(fig, out / "data_wait.png")
+
+
+def write_csv(frame: pd.DataFrame, path: Path) -> None:
+    common.atomic_write_text(path, frame.to_csv(index=False))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--profile",
+        default="auto",
+        help="smoke, cpu, gpu or any profile of --matrix; auto: gpu when torch sees a CUDA GPU, else cpu",
+    )
+    parser.add_argument("--out", type=Path, default=None, help="result folder (default: results/local/PROFILE)")
+    parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default: the profile's)")
+    parser.add_argument("--matrix", type=Path, default=REPO / "bench" / "profiles.toml", help="the profiles (TOML)")
+    parser.add_argument("--python", default=sys.executable, help="interpreter for the scripts")
+    args = parser.parse_args()
+    if args.repeats is not None and args.repeats < 1:
+        parser.error("--repeats must be 1 or more")
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    profile = args.profile if args.profile != "auto" else ("gpu" if gpus else "cpu")
+    table = load_profile(args.matrix, profile)
+    matrix = table["runs"]
+    if args.repeats:
+        for run in matrix:
+            run["repeats"] = args.repeats
+    out = args.out or REPO / "results" / "local" / profile
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        fail(f"cannot create --out {out}: {error}")
+
+    env = {
+        **common.environment(),
+        "profile": profile,
+        "matrix": str(args.matrix),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "command": sys.argv,
+    }
+    common.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
+    jobs = [(run, k) for run in matrix for k in range(1, run["repeats"] + 1)]
+    rows = []
+    print(f"bench: profile {profile}, {len(matrix)} configurations, {len(jobs)} runs -> {out}", flush=True)
+    try:
+        for run, k in (bar := tqdm(jobs, unit="run", dynamic_ncols=True)):
+            bar.set_description(f"{run['name']} r{k}")
+            reason = skip_reason(run, gpus)
+            if reason:
+                row = {"config": run["name"], "repeat": k, "status": "skipped", "reason": reason}
+            else:
+                row = execute(run, k, out, args.python, gpus)
+            rows.append(row)
+            write_csv(pd.DataFrame(rows), out / "runs.csv")  # after every run: an interruption keeps what finished
+            bar.write(
+                f"{row['config']} r{k}: {row['status']}"
+                + (f", {row['images_per_s']:.1f} images/s" if row.get("images_per_s") else "")
+                + (f" ({row['reason']})" if row.get("reason") else "")
+            )
+    except KeyboardInterrupt:
+        print("bench: interrupted; writing the rows that finished", file=sys.stderr)
+    runs = pd.DataFrame(rows)
+    for key in ["status", "reason", "dataset", "epochs", "images_per_s"]:
+        if key not in runs:
+            runs[key] = None
+    write_csv(runs, out / "runs.csv")
+    summary = summarise(runs, matrix)
+    write_csv(summary, out / "summary.csv")
+    repeats = sorted({run["repeats"] for run in matrix})
+    table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)")
+    common.atomic_write_text(out / "table.md", table_md)
+    plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}")
+    print(table_md)
+    failed = (summary.status != "ok") & (summary.status != "skipped")
+    if failed.any():
+        print(
+            f"bench: {failed.sum()} configuration(s) did not finish: see their logs in {out / 'logs'}", file=sys.stderr
+        )
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

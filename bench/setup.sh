@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Set-up shared by run_all.sh and tests/run.sh; each step runs only when its result is missing.
+#   1. Python packages: `pip install -r requirements.txt` unless torch, torchvision, pandas, matplotlib, tqdm and
+#      tabulate (and pytest, with --test) already import. Use the interpreter in $PYTHON (default python3), e.g. a venv.
+#   2. Fashion-MNIST: the Debian package dataset-fashion-mnist when apt-get is there (as root or through sudo);
+#      otherwise the scripts look in data/ and finally try torchvision's download.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PYTHON=${PYTHON:-python3}
+modules="torch,torchvision,pandas,matplotlib,tqdm,tabulate"
+[ "${1:-}" = "--test" ] && modules="$modules,pytest"
+
+if ! command -v "$PYTHON" >/dev/null; then
+  echo "setup: error: no $PYTHON on PATH; install Python 3.10+ or set PYTHON=/path/to/python" >&2
+  exit 2
+fi
+if ! "$PYTHON" -c "import $modules" 2>/dev/null; then
+  echo "setup: installing requirements.txt into $("$PYTHON" -c 'import sys; print(sys.prefix)')"
+  "$PYTHON" -m pip install -r requirements.txt || {
+    echo "setup: error: pip could not install requirements.txt (see above); install them and run again" >&2
+    exit 2
+  }
+fi
+
+fmnist_files="train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz"
+have_fmnist() { for f in $fmnist_files; do [ -f "$1/$f" ] || return 1; done; }
+if ! have_fmnist data && ! have_fmnist /usr/share/datasets/fashion-mnist; then
+  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  if command -v apt-get >/dev/null && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; }; then
+    echo "setup: installing Fashion-MNIST (Debian package dataset-fashion-mnist)"
+    $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist \
+      || echo "setup: apt-get could not install dataset-fashion-mnist; the scripts will try torchvision's download"
+  else
+    echo "setup: no apt-get (or no root): the scripts will try torchvision's download of Fashion-MNIST into data/"
+  fi
+fi

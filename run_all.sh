@@ -1,0 +1,9 @@
+#!/usr/bin/env bash
+# The main job: set-up when missing (packages, Fashion-MNIST), then the bench on this machine's hardware, then the table.
+#   bash run_all.sh                               # profile auto: gpu when CUDA is present, else cpu
+#   bash run_all.sh --profile cpu --out results/my-laptop
+# Flags go to bench/bench.py (--profile, --out, --repeats, --matrix). Results land in --out (default results/local/PROFILE).
+set -euo pipefail
+cd "$(dirname "$0")"
+bash bench/setup.sh
+exec "${PYTHON:-python3}" bench/bench.py "$@"

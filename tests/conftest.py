@@ -1,0 +1,50 @@
+"""Shared helpers: run a project script as a real subprocess, find the real Fashion-MNIST files, skip GPU tests."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+import common  # noqa: E402
+
+
+def run(*argv, timeout=600, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python argv...` from the repository root; return the finished process with text stdout/stderr."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.run(
+        [sys.executable, *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kwargs
+    )
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """A clean failure: non-zero exit, no traceback, one line on stderr that contains every fragment."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+
+
+@pytest.fixture(scope="session")
+def fmnist_dir() -> Path:
+    """The folder with the real Fashion-MNIST files (the set-up installs them; no download in tests)."""
+    try:
+        return common.find_fashion_mnist(download=False)
+    except common.DataNotFound as error:
+        pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

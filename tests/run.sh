@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The test command: set-up when missing (packages, Fashion-MNIST), then pytest on CPU. Arguments go to pytest.
+#   bash tests/run.sh              # everything CUDA-free (tests marked `gpu` skip without a GPU)
+#   bash tests/run.sh -m gpu       # the GPU tests, on a machine with CUDA
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash bench/setup.sh --test
+exec "${PYTHON:-python3}" -m pytest tests "$@"

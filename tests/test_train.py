@@ -1,0 +1,141 @@
+"""train.py on real Fashion-MNIST, as real subprocesses: it learns, writes complete metrics, and resumes."""
+
+import json
+import time
+
+import pytest
+import torch
+
+from conftest import run
+
+QUICK = [
+    "--device",
+    "cpu",
+    "--model",
+    "cnn",
+    "--subset",
+    "4096",
+    "--batch-size",
+    "128",
+    "--workers",
+    "0",
+    "--warmup-steps",
+    "5",
+    "--log-every",
+    "8",
+]
+
+
+@pytest.fixture(scope="module")
+def two_epochs(tmp_path_factory):
+    out = tmp_path_factory.mktemp("train")
+    started = time.perf_counter()
+    proc = run(
+        "src/train.py", *QUICK, "--epochs", "2", "--target-acc", "0.5", "--metrics-out", out / "m.json", timeout=300
+    )
+    wall_s = time.perf_counter() - started
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads((out / "m.json").read_text()), proc.stdout, wall_s
+
+
+def test_learns_on_a_subset_in_under_a_minute(two_epochs):
+    metrics, stdout, wall_s = two_epochs
+    first, second = metrics["epochs"]
+    assert second["train_loss"] < first["train_loss"] < 2.3  # ln(10) = 2.30 is the loss of a uniform guess
+    assert second["val_loss"] < 2.3
+    assert metrics["test_acc"] == second["val_acc"] > 0.7  # chance is 0.1
+    assert metrics["time_to_target_s"] is not None and metrics["time_to_target_s"] <= second["train_s"]
+    assert "step 8/64 loss" in stdout  # the --log-every progress line
+    assert wall_s < 60
+
+
+def test_metrics_json_is_complete(two_epochs):
+    metrics, _, _ = two_epochs
+    for key in [
+        "command",
+        "script",
+        "technique",
+        "env",
+        "world_size",
+        "batch_size",
+        "global_batch",
+        "precision",
+        "model",
+        "dataset",
+        "images_per_s",
+        "step_ms_p50",
+        "step_ms_p90",
+        "data_wait_frac",
+        "peak_mem_allocated_gib",
+        "peak_mem_reserved_gib",
+        "peak_mem_per_device",
+        "peak_host_rss_gib",
+        "epochs",
+        "test_acc",
+        "target_acc",
+        "time_to_target_s",
+        "train_s",
+        "status",
+    ]:
+        assert key in metrics, key
+    assert metrics["script"] == "train.py" and metrics["status"] == "ok" and metrics["world_size"] == 1
+    assert metrics["global_batch"] == 128 and metrics["precision"] == "fp32" and metrics["device"] == "cpu"
+    assert metrics["images_per_s"] > 0 and metrics["peak_host_rss_gib"] > 0
+    assert 0 <= metrics["data_wait_frac"] < 1
+    assert 0 < metrics["step_ms_p50"] <= metrics["step_ms_p90"]
+    assert metrics["measured_steps"] == 2 * 32 - 5  # 4096 / 128 steps per epoch, warm-up left out
+    assert metrics["env"]["torch"] == torch.__version__ and metrics["env"]["cpu_count"] > 0
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+
+
+def test_resume_continues_from_the_saved_epoch(tmp_path):
+    ckpt = tmp_path / "ckpt"
+    first = run("src/train.py", *QUICK, "--epochs", "1", "--checkpoint-dir", ckpt, timeout=300)
+    assert first.returncode == 0, first.stderr
+    saved = torch.load(ckpt / "last.pt", weights_only=False)
+    assert saved["epoch"] == 1 and saved["step"] == 32
+
+    second = run(
+        "src/train.py",
+        *QUICK,
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        ckpt,
+        "--resume",
+        "--metrics-out",
+        tmp_path / "m.json",
+        timeout=300,
+    )
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout and "1 epochs and 32 steps done" in second.stdout
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert [e["epoch"] for e in metrics["epochs"]] == [2]  # epoch 1 is not trained again
+    assert metrics["steps"] == 64 and metrics["epochs"][0]["step"] == 64
+    assert metrics["test_acc"] > 0.7  # it continued from trained weights, not from scratch
+    assert torch.load(ckpt / "last.pt", weights_only=False)["epoch"] == 2
+
+
+@pytest.mark.gpu
+def test_trains_on_cuda_and_reports_device_memory(tmp_path):
+    proc = run(
+        "src/train.py",
+        "--device",
+        "cuda",
+        "--subset",
+        "4096",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "128",
+        "--workers",
+        "2",
+        "--metrics-out",
+        tmp_path / "m.json",
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["device"] == "cuda" and metrics["peak_mem_allocated_gib"] > 0
+    assert metrics["peak_mem_reserved_gib"] >= metrics["peak_mem_allocated_gib"]
+    assert metrics["env"]["gpu_count"] >= 1 and metrics["images_per_s"] > 0 and metrics["test_acc"] > 0.6
