@@ -288,7 +288,7 @@ class SyntheticLoader:
             yield self.images, self.labels
 
 
-def load_data(args, device: torch.device):
+def load_data(args: argparse.Namespace):
     """Return `(train_set, test_set)` for `--dataset fashion-mnist`, after checking they fit `--batch-size`.
 
     Exits with one line on stderr when the data is missing or the training set is smaller than one batch

@@ -24,7 +24,7 @@ device = common.get_device(args.device)
 if args.dataset == "synthetic":
     train_loader, test_loader = common.synthetic_data(args, device)
 else:
-    train_set, test_set = common.load_data(args, device)
+    train_set, test_set = common.load_data(args)
     train_loader = DataLoader(
         train_set,
         batch_size=args.batch_size,
