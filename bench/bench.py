@@ -209,10 +209,10 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
     summary = pd.DataFrame(rows)
     if "images_per_s" not in summary:
         summary["images_per_s"] = None
-    speed = dict(zip(summary.config, pd.to_numeric(summary.images_per_s, errors="coerce")))
+    speed = dict(zip(summary.config, pd.to_numeric(summary.images_per_s, errors="coerce"), strict=True))
     summary["speedup"] = [
         speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
-        for c, b in zip(summary.config, summary.baseline)
+        for c, b in zip(summary.config, summary.baseline, strict=True)
     ]
     return summary
 

@@ -233,7 +233,7 @@ def find_fashion_mnist(data_dir: Path | None = None, search: list[Path] | None =
         except Exception as error:  # no network, a proxy, a full disk: all end in the same advice
             raise DataNotFound(
                 f"no Fashion-MNIST in {', '.join(map(str, search))} and the download failed ({error}); {how}"
-            )
+            ) from error
         return REPO / "data" / "FashionMNIST" / "raw"
     raise DataNotFound(f"no Fashion-MNIST in {', '.join(map(str, search))}; {how}")
 
