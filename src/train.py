@@ -1,6 +1,6 @@
 """Baseline: train one model on one device in fp32, fed by torch's DataLoader.
 
-Every train_*.py is this file plus lines marked `# new #`, so `diff src/train.py src/train_X.py` is one technique.
+Every train_*.py is this file plus the lines it marks as new, so `diff src/train.py src/train_X.py` is one technique.
 
     python src/train.py                                      # small CNN on Fashion-MNIST, 2 epochs, GPU if present
     python src/train.py --device cpu --subset 4096 --epochs 1   # a quick look on a laptop
