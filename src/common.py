@@ -307,15 +307,18 @@ def load_data(args: argparse.Namespace):
     return train_set, test_set
 
 
-def synthetic_data(args, device: torch.device):
+def synthetic_data(args: argparse.Namespace, device: torch.device):
     """Return `(train_loader, test_loader)` of SyntheticLoader for `--dataset synthetic` (3 x S x S, S = 224 default).
 
     An epoch is `--subset` images (default 10,240) rounded down to whole batches; the test loader is two batches,
     so its accuracy is chance (~10 %) and the tables show it as synthetic.
     """
-    size = args.image_size or 224
+    channels, size = input_shape(args)
     steps = max(1, (args.subset or 10_240) // args.batch_size)
-    return SyntheticLoader(args.batch_size, size, steps, device), SyntheticLoader(args.batch_size, size, 2, device)
+    return (
+        SyntheticLoader(args.batch_size, size, steps, device, channels),
+        SyntheticLoader(args.batch_size, size, 2, device, channels),
+    )
 
 
 # ----------------------------------------------------------------------------------------------------------------
