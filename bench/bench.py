@@ -45,6 +45,7 @@ RUN_FIELDS = [
     "dataset",
     "device",
     "world_size",
+    "gpus",
     "global_batch",
     "precision",
     "images_per_s",
@@ -188,7 +189,16 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
             row.update(
                 {
                     key: first.get(key)
-                    for key in ["script", "model", "dataset", "device", "world_size", "global_batch", "precision"]
+                    for key in [
+                        "script",
+                        "model",
+                        "dataset",
+                        "device",
+                        "world_size",
+                        "gpus",
+                        "global_batch",
+                        "precision",
+                    ]
                 }
             )
             for key in MEDIAN_FIELDS:
@@ -255,6 +265,7 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
                 "data": r.get("dataset") or "–",
                 "device": r.get("device") or "–",
                 "world size": _fmt(r.get("world_size"), ".0f"),
+                "GPUs": _fmt(r.get("gpus"), ".0f"),
                 "global batch": _fmt(r.get("global_batch"), ".0f"),
                 "precision": r.get("precision") or "–",
                 "images/s": ips,
@@ -277,8 +288,9 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (
         f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n"
-        f"images/s: global, steady state (warm-up steps excluded), median over {repeats} "
+        f"images/s: global (summed over processes), steady state (warm-up steps excluded), median over {repeats} "
         "(min–max in brackets when repeated). Speed-up: median images/s over the baseline configuration's. "
+        "World size: processes; GPUs: devices the run used (0 on CPU). "
         "Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
         "Fashion-MNIST test images after the last epoch.\n\n"
     )

@@ -107,6 +107,9 @@ def get_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--max-steps", type=_positive_int, default=None, help="stop after this many optimizer steps")
     p.add_argument("--batch-size", type=_positive_int, default=128, help="images per process per step")
     p.add_argument("--lr", type=_positive_float, default=5e-3, help="peak learning rate of the one-cycle schedule")
+    p.add_argument(
+        "--clip-grad-norm", type=_positive_float, default=None, help="clip the gradients' global L2 norm to this"
+    )
     p.add_argument("--workers", type=_non_negative_int, default=2, help="DataLoader worker processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")

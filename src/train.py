@@ -58,6 +58,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
 epochs, time_to_target = [], None
+test_images = len(test_loader.dataset)  # evaluate() counts every one of them
 print(f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
@@ -67,9 +68,12 @@ for epoch in range(start_epoch, args.epochs):
     for images, labels in meter.loader(train_loader):
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        loss = criterion(model(images), labels)
+        logits = model(images)
+        loss = criterion(logits, labels)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         optimizer.step()
         scheduler.step()
         step += 1
@@ -91,6 +95,7 @@ for epoch in range(start_epoch, args.epochs):
             "val_loss": val_loss,
             "val_acc": val_acc,
             "train_s": meter.train_s,
+            "logits_dtype": str(logits.dtype),  # what the model really computed in
         }
     )
     print(
@@ -117,6 +122,7 @@ common.write_metrics(
     script="train.py",
     technique="baseline",
     world_size=1,
+    gpus=int(device.type == "cuda"),
     batch_size=args.batch_size,
     global_batch=args.batch_size,
     precision=common.precision_label(device),
@@ -127,6 +133,7 @@ common.write_metrics(
     epochs=epochs,
     steps=step,
     test_acc=epochs[-1]["val_acc"] if epochs else None,
+    test_images=test_images,
     target_acc=args.target_acc,
     time_to_target_s=time_to_target,
     status="ok",

@@ -35,6 +35,10 @@ def test_smoke_profile_writes_tables_and_plots(tmp_path):
     for name in PNGS:
         assert _is_png(out / name), name
     assert "| train.py cnn" in proc.stdout  # the table is printed at the end
+    assert {"train.py", "train_DP.py", "train_DDP.py", "train_amp.py"} <= set(summary.script)
+    ddp = summary[summary.script == "train_DDP.py"].iloc[0]
+    assert ddp.world_size == 2 and ddp.gpus == 0 and ddp.global_batch == 128  # 2 gloo processes x 64
+    assert "world size" in table and "GPUs" in table
 
 
 def test_failures_become_rows_and_the_rest_still_runs(tmp_path):

@@ -1,0 +1,219 @@
+# new # begin: this script's own docstring
+"""DistributedDataParallel: train.py + one process per device, launched by torchrun, gradients all-reduced.
+
+torchrun starts one process per GPU (or N processes on a CPU) and gives each its LOCAL_RANK, RANK and WORLD_SIZE.
+Every process holds the whole model and trains on its own 1/WORLD_SIZE of the data (DistributedSampler); during
+backward, DDP all-reduces gradient buckets as they become ready, overlapping communication with computation, so all
+replicas take the same step. --batch-size is per process: the global batch is batch x world size. Only rank 0
+prints, writes metrics and checkpoints; the test accuracy is computed on disjoint shards and summed over ranks.
+On CPU the backend is gloo and each process gets cores / processes threads; on CUDA it is nccl.
+
+    torchrun --nproc-per-node 2 src/train_DDP.py --device cpu --workers 1          # 2 processes on a CPU (gloo)
+    torchrun --nproc-per-node gpu src/train_DDP.py                                 # one process per visible GPU
+    torchrun --nproc-per-node gpu src/train_DDP.py --model resnet18 --sync-bn --epochs 8 --lr 2e-3
+    # 2 nodes: run on each node, R = 0 on the first and 1 on the second; HOST:PORT is reachable from both
+    torchrun --nnodes 2 --node-rank R --nproc-per-node gpu --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+        --rdzv-id job1 src/train_DDP.py --model resnet18
+    # Slurm: sbatch --nodes 2 --gpus-per-node 8 --ntasks-per-node 1 with, in the batch script,
+    #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
+    #       --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 src/train_DDP.py
+    diff src/train.py src/train_DDP.py                                             # only the lines marked `# new #`
+"""
+# new # end
+
+import os  # new #
+
+import torch
+import torch.distributed as dist  # new #
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP  # new #
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler  # new #
+
+import common
+
+parser = common.get_parser(__doc__.splitlines()[0])
+parser.add_argument(  # new #
+    "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on CUDA, else gloo"
+)
+parser.add_argument(  # new #
+    "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
+)
+args = common.parse_args(parser)
+# new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
+if "LOCAL_RANK" not in os.environ:
+    common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_DDP.py --device cpu` (no RANK set)")
+local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
+# new # end
+generator = common.seed_everything(args.seed)
+device = common.get_device(args.device)
+# new # begin: one device per process, then the process group
+if device.type == "cuda":
+    if local_rank >= torch.cuda.device_count():
+        common.die(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)  # before the process group, so NCCL binds this GPU and not GPU 0
+else:
+    torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # share the cores
+backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+if backend == "nccl" and device.type != "cuda":
+    common.die("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, which torchrun sets
+# new # end
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+sampler = None  # new # synthetic data: every rank makes its own batch
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    test_set = torch.utils.data.Subset(test_set, range(rank, len(test_set), world_size))  # no padding: each image once
+    # new # end
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,  # new # instead of shuffle=True: the sampler shuffles
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+# new # begin: wrap the model; DDP broadcasts rank 0's weights, then all-reduces gradients during backward
+if args.sync_bn and device.type == "cuda":
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over the global batch
+elif args.sync_bn and master:
+    print("train_DDP.py: --sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); BatchNorm per process", flush=True)
+model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+# new # end
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # every rank loads the same file
+    start_epoch, step = state["epoch"], state["step"]
+    if master:  # new #
+        print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs, time_to_target = [], None
+test_images = len(test_loader.dataset)  # evaluate() counts every one of them
+if master:  # new #
+    print(
+        f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True
+    )
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
+        sampler.set_epoch(epoch)  # new #
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if master and step % args.log_every == 0:  # new #
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
+    # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
+    n = len(test_loader.dataset)
+    totals = torch.tensor([val_loss * n, val_acc * n, n], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)  # sum over ranks
+    val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
+    # new # end
+    epochs.append(
+        {
+            "epoch": epoch + 1,
+            "step": step,
+            "train_loss": loss_sum.item() / max(epoch_steps, 1),
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "train_s": meter.train_s,
+            "logits_dtype": str(logits.dtype),  # what the model really computed in
+        }
+    )
+    if master:  # new #
+        print(
+            f"epoch {epoch + 1}: train loss {epochs[-1]['train_loss']:.4f}, test loss {val_loss:.4f}, "
+            f"test acc {100 * val_acc:.2f} %, {meter.train_s:.1f} s of training",
+            flush=True,
+        )
+    if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
+        time_to_target = meter.train_s
+    if checkpoint and master:  # new #
+        common.save_checkpoint(checkpoint, model.module, optimizer, epoch + 1, step)  # new # loads into train.py
+    if step == total_steps:
+        break
+
+# -- metrics ------------------------------------------------------------------------------------------------------
+summary = meter.summary()
+# new # begin: each rank measured its own share: global images/s is the sum over ranks, peak memory the max
+per_rank = [None] * world_size
+dist.all_gather_object(per_rank, summary)
+summary["images_per_s"] = sum(r["images_per_s"] or 0 for r in per_rank)
+for key in ["peak_mem_allocated_gib", "peak_mem_reserved_gib", "peak_host_rss_gib"]:
+    summary[key] = max((r[key] for r in per_rank if r[key] is not None), default=None)
+summary["peak_mem_per_device"] = [
+    {**d, "rank": i} for i, r in enumerate(per_rank) for d in r["peak_mem_per_device"] if d["peak_reserved_gib"]
+]
+# new # end
+if master:  # new #
+    print(
+        f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
+        f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
+        flush=True,
+    )
+common.write_metrics(
+    args.metrics_out if master else None,  # new # only rank 0 writes
+    script="train_DDP.py",
+    technique="DistributedDataParallel",
+    world_size=world_size,
+    gpus=world_size if device.type == "cuda" else 0,
+    batch_size=args.batch_size,
+    global_batch=args.batch_size * world_size,
+    precision=common.precision_label(device),
+    model=args.model,
+    dataset=args.dataset,
+    device=str(device),
+    **summary,
+    epochs=epochs,
+    steps=step,
+    test_acc=epochs[-1]["val_acc"] if epochs else None,
+    test_images=test_images,
+    target_acc=args.target_acc,
+    time_to_target_s=time_to_target,
+    status="ok",
+)
+dist.destroy_process_group()  # new # leave the group cleanly before exiting

@@ -1,0 +1,157 @@
+# new # begin: this script's own docstring
+"""DataParallel: train.py + nn.DataParallel, one process driving every visible GPU.
+
+Each step, DataParallel copies the model from GPU 0 to the other GPUs, splits the batch along dimension 0 (so
+--batch-size is the global batch, batch / GPUs per GPU), runs the replicas in threads of this one process, gathers
+the outputs back on GPU 0 and computes the loss there; backward sums the gradients onto GPU 0's weights. So GPU 0
+holds more memory than the others (all outputs, the loss, the reduced gradients, the optimizer state) and does more
+work, the copies repeat every step, and one Python process (one GIL) drives every GPU: it scales poorly past a few
+GPUs. DistributedDataParallel (train_DDP.py: one process per GPU, gradients all-reduced while backward runs) is
+faster even on one machine, and is what PyTorch recommends. With fewer than 2 GPUs DataParallel only calls the model:
+this script says so and runs, which measures the wrapper's cost.
+
+    python src/train_DP.py                                    # every visible GPU
+    CUDA_VISIBLE_DEVICES=0,1 python src/train_DP.py --batch-size 256
+    python src/train_DP.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
+    diff src/train.py src/train_DP.py                         # only the lines marked `# new #`
+"""
+# new # end
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+import common
+
+parser = common.get_parser(__doc__.splitlines()[0])
+args = common.parse_args(parser)
+generator = common.seed_everything(args.seed)
+device = common.get_device(args.device)
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+model = nn.DataParallel(model)  # new # all visible GPUs, weights kept on GPU 0; the original model is model.module
+# new # begin: say what it runs as when there is nothing to parallelise over
+if len(model.device_ids) < 2:
+    gpus = len(model.device_ids)
+    print(
+        f"train_DP.py: DataParallel needs 2+ GPUs to split the batch, {gpus} visible: runs on {device} alone",
+        flush=True,
+    )
+# new # end
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # plain keys, no "module."
+    start_epoch, step = state["epoch"], state["step"]
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs, time_to_target = [], None
+test_images = len(test_loader.dataset)  # evaluate() counts every one of them
+print(f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if step % args.log_every == 0:
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = common.evaluate(model, test_loader, device)
+    epochs.append(
+        {
+            "epoch": epoch + 1,
+            "step": step,
+            "train_loss": loss_sum.item() / max(epoch_steps, 1),
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "train_s": meter.train_s,
+            "logits_dtype": str(logits.dtype),  # what the model really computed in
+        }
+    )
+    print(
+        f"epoch {epoch + 1}: train loss {epochs[-1]['train_loss']:.4f}, test loss {val_loss:.4f}, "
+        f"test acc {100 * val_acc:.2f} %, {meter.train_s:.1f} s of training",
+        flush=True,
+    )
+    if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
+        time_to_target = meter.train_s
+    if checkpoint:
+        common.save_checkpoint(checkpoint, model.module, optimizer, epoch + 1, step)  # new # loads into train.py
+    if step == total_steps:
+        break
+
+# -- metrics ------------------------------------------------------------------------------------------------------
+summary = meter.summary()
+print(
+    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
+    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
+    flush=True,
+)
+common.write_metrics(
+    args.metrics_out,
+    script="train_DP.py",  # new #
+    technique="DataParallel",
+    world_size=1,
+    gpus=len(model.device_ids),
+    batch_size=args.batch_size,
+    global_batch=args.batch_size,
+    precision=common.precision_label(device),
+    model=args.model,
+    dataset=args.dataset,
+    device=str(device),
+    **summary,
+    epochs=epochs,
+    steps=step,
+    test_acc=epochs[-1]["val_acc"] if epochs else None,
+    test_images=test_images,
+    target_acc=args.target_acc,
+    time_to_target_s=time_to_target,
+    status="ok",
+)

@@ -1,0 +1,166 @@
+# new # begin: this script's own docstring
+"""Mixed precision (AMP): train.py + torch.autocast around forward and loss + torch.amp.GradScaler for float16.
+
+Inside autocast, convolutions and matrix multiplies run in float16 or bfloat16 (tensor cores on a GPU: about twice
+the math throughput of TF32 and half the activation memory), while reductions such as the loss and the batch-norm
+statistics stay in float32; the weights and the optimizer state stay in float32. float16 has a narrow range, so small
+gradients would flush to zero: GradScaler multiplies the loss by a large factor before backward, divides the
+gradients back before the step and skips steps whose gradients overflowed. bfloat16 has float32's range and needs no
+scaler. On a CPU without bfloat16 instructions (AVX512-BF16 / AMX) autocast is slower than float32: it shows the
+technique, not a speed-up (see the cpu table in the README).
+
+    python src/train_amp.py                                   # float16 on CUDA, bfloat16 on CPU
+    python src/train_amp.py --amp-dtype bfloat16              # no GradScaler needed (float32's exponent range)
+    python src/train_amp.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
+    python src/train_amp.py --clip-grad-norm 1.0              # clipping: scaler.unscale_ first
+    diff src/train.py src/train_amp.py                        # only the lines marked `# new #`
+"""
+# new # end
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+import common
+
+parser = common.get_parser(__doc__.splitlines()[0])
+parser.add_argument(  # new #
+    "--amp-dtype", choices=["float16", "bfloat16"], default=None, help="default: float16 on CUDA, bfloat16 on CPU"
+)
+args = common.parse_args(parser)
+generator = common.seed_everything(args.seed)
+device = common.get_device(args.device)
+# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
+amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
+if amp_dtype == "float16" and device.type == "cpu":
+    print("train_amp.py: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
+    amp_dtype = "bfloat16"
+if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    print("train_amp.py: this GPU has no bfloat16 (needs compute capability 8.0+); running float16 instead", flush=True)
+    amp_dtype = "float16"
+amp_dtype = getattr(torch, amp_dtype)
+# new # end
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    start_epoch, step = state["epoch"], state["step"]
+    scaler.load_state_dict(state["scaler"])  # new # the loss scale it had learned
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs, time_to_target = [], None
+test_images = len(test_loader.dataset)  # evaluate() counts every one of them
+print(f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=amp_dtype):  # new # convs/matmuls in low precision, reductions in fp32
+            logits = model(images)
+            loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()  # new # scaled loss: small fp16 gradients do not flush to zero
+        if args.clip_grad_norm:
+            scaler.unscale_(optimizer)  # new # clip the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        scaler.step(optimizer)  # new # unscales, and skips the step if a gradient is inf/nan
+        scaler.update()  # new # lower the scale after an overflow, raise it after a run of good steps
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if step % args.log_every == 0:
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = common.evaluate(model, test_loader, device)
+    epochs.append(
+        {
+            "epoch": epoch + 1,
+            "step": step,
+            "train_loss": loss_sum.item() / max(epoch_steps, 1),
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "train_s": meter.train_s,
+            "logits_dtype": str(logits.dtype),  # what the model really computed in
+        }
+    )
+    print(
+        f"epoch {epoch + 1}: train loss {epochs[-1]['train_loss']:.4f}, test loss {val_loss:.4f}, "
+        f"test acc {100 * val_acc:.2f} %, {meter.train_s:.1f} s of training",
+        flush=True,
+    )
+    if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
+        time_to_target = meter.train_s
+    if checkpoint:
+        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step, scaler=scaler.state_dict())  # new #
+    if step == total_steps:
+        break
+
+# -- metrics ------------------------------------------------------------------------------------------------------
+summary = meter.summary()
+print(
+    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
+    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
+    flush=True,
+)
+common.write_metrics(
+    args.metrics_out,
+    script="train_amp.py",  # new #
+    technique="amp",
+    world_size=1,
+    gpus=int(device.type == "cuda"),
+    batch_size=args.batch_size,
+    global_batch=args.batch_size,
+    precision=f"amp {str(amp_dtype).removeprefix('torch.')}",
+    model=args.model,
+    dataset=args.dataset,
+    device=str(device),
+    **summary,
+    epochs=epochs,
+    steps=step,
+    test_acc=epochs[-1]["val_acc"] if epochs else None,
+    test_images=test_images,
+    target_acc=args.target_acc,
+    time_to_target_s=time_to_target,
+    status="ok",
+)
