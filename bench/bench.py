@@ -41,6 +41,10 @@ import common  # noqa: E402
 RUN_FIELDS = [
     "script",
     "technique",
+    "loader",
+    "workers",
+    "loader_only",
+    "image_size",
     "model",
     "dataset",
     "device",
@@ -179,6 +183,7 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
         ok = mine[mine.status == "ok"]
         row = {
             "config": run["name"],
+            "script": Path(run["script"]).name,
             "note": run.get("note", ""),
             "baseline": run.get("baseline", ""),
             "runs_ok": len(ok),
@@ -190,7 +195,10 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
                 {
                     key: first.get(key)
                     for key in [
-                        "script",
+                        "loader",
+                        "workers",
+                        "loader_only",
+                        "image_size",
                         "model",
                         "dataset",
                         "device",
@@ -250,13 +258,75 @@ def _fmt(value, spec: str, scale: float = 1.0, missing: str = "–") -> str:
 
 
 def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str) -> str:
-    """table.md: hardware and versions in the header, one row per configuration."""
+    """table.md: hardware and versions in the header, then the training table and the input-pipeline table."""
+    is_loader = summary.script.astype(str).str.startswith("loader")
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (
+        f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n"
+        f"images/s: global (summed over processes), steady state (warm-up steps excluded), median over {repeats} "
+        "(min–max in brackets when repeated). Speed-up: median images/s over the baseline configuration's. "
+        "World size: processes; GPUs: devices the run used (0 on CPU). "
+        "Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
+        "Fashion-MNIST test images after the last epoch (loaders: over the folder's val/ images).\n\n"
+    )
+    text = header
+    if (~is_loader).any():
+        text += "## Training scripts\n\n" + _training_table(summary[~is_loader]) + "\n"
+    if is_loader.any():
+        text += "## Input pipelines (JPEG files)\n\n" + _loader_table(summary[is_loader]) + "\n"
+    return text
+
+
+def _images_per_s(r: dict) -> str:
+    ips = _fmt(r.get("images_per_s"), ".1f")
+    if r.get("runs_ok", 0) > 1:
+        ips += f" ({_fmt(r.get('images_per_s_min'), '.0f')}–{_fmt(r.get('images_per_s_max'), '.0f')})"
+    return ips
+
+
+def _status(r: dict) -> str:
+    return r["status"] + (f": {r['reason']}" if r.get("reason") else "") + (f" ({r['note']})" if r.get("note") else "")
+
+
+def _loader_table(summary: pd.DataFrame) -> str:
+    """One row per loader configuration: pipeline, workers / threads, loader-only or end to end, data-wait."""
+    rows = []
+    for r in summary.to_dict("records"):
+        loader_only = str(r.get("loader_only")).lower() == "true"
+        on_cpu = r.get("device") == "cpu"
+        rows.append(
+            {
+                "configuration": r["config"],
+                "pipeline": r.get("loader") or "–",
+                "workers / threads": _fmt(r.get("workers"), ".0f"),
+                "measures": "loader only" if loader_only else f"end to end ({r.get('model') or '–'})",
+                "data": r.get("dataset") or "–",
+                "crop (px)": _fmt(r.get("image_size"), ".0f"),
+                "device": r.get("device") or "–",
+                "batch": _fmt(r.get("global_batch"), ".0f"),
+                "precision": "–" if loader_only else r.get("precision") or "–",
+                "images/s": _images_per_s(r),
+                "speed-up": _fmt(r.get("speedup"), ".2f") + ("×" if pd.notna(r.get("speedup")) else ""),
+                "step p50 (ms)": _fmt(r.get("step_ms_p50"), ".1f"),
+                "data-wait": _fmt(r.get("data_wait_frac"), ".1f", 100)
+                + (" %" if pd.notna(r.get("data_wait_frac")) else ""),
+                "peak alloc (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
+                "test acc": "–"
+                if loader_only
+                else _fmt(r.get("test_acc"), ".2f", 100) + (" %" if pd.notna(r.get("test_acc")) else ""),
+                "status": _status(r),
+            }
+        )
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def _training_table(summary: pd.DataFrame) -> str:
+    """One row per training configuration."""
     rows = []
     for r in summary.to_dict("records"):
         synthetic = r.get("dataset") == "synthetic"
-        ips = _fmt(r.get("images_per_s"), ".1f")
-        if r.get("runs_ok", 0) > 1:
-            ips += f" ({_fmt(r.get('images_per_s_min'), '.0f')}–{_fmt(r.get('images_per_s_max'), '.0f')})"
+        ips = _images_per_s(r)
         on_cpu = r.get("device") == "cpu"
         rows.append(
             {
@@ -280,21 +350,10 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
                 if synthetic
                 else _fmt(r.get("test_acc"), ".2f", 100) + (" %" if pd.notna(r.get("test_acc")) else ""),
                 "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),
-                "status": r["status"]
-                + (f": {r['reason']}" if r.get("reason") else "")
-                + (f" ({r['note']})" if r.get("note") else ""),
+                "status": _status(r),
             }
         )
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    header = (
-        f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n"
-        f"images/s: global (summed over processes), steady state (warm-up steps excluded), median over {repeats} "
-        "(min–max in brackets when repeated). Speed-up: median images/s over the baseline configuration's. "
-        "World size: processes; GPUs: devices the run used (0 on CPU). "
-        "Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
-        "Fashion-MNIST test images after the last epoch.\n\n"
-    )
-    return header + pd.DataFrame(rows).to_markdown(index=False) + "\n"
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
 
 
 def _save(fig, path: Path) -> None:
@@ -330,6 +389,7 @@ def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> No
     fig, ax = plt.subplots(figsize=(8, 5))
     for r in runs[(runs.status == "ok") & (runs.dataset != "synthetic")].itertuples():
         epochs = json.loads(r.epochs) if isinstance(r.epochs, str) else []
+        epochs = [e for e in epochs if e.get("val_acc") is not None]  # loader-only runs do not evaluate
         if epochs:
             ax.plot(
                 [e["train_s"] for e in epochs],
@@ -389,6 +449,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default: the profile's)")
     parser.add_argument("--matrix", type=Path, default=REPO / "bench" / "profiles.toml", help="the profiles (TOML)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the scripts")
+    parser.add_argument(
+        "--only", action="append", default=None, help="run only configurations whose name contains this (repeatable)"
+    )
     args = parser.parse_args()
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be 1 or more")
@@ -397,6 +460,10 @@ def main() -> None:
     profile = args.profile if args.profile != "auto" else ("gpu" if gpus else "cpu")
     table = load_profile(args.matrix, profile)
     matrix = table["runs"]
+    if args.only:
+        matrix = [run for run in matrix if any(part in run["name"] for part in args.only)]
+        if not matrix:
+            parser.error(f"no configuration of profile {profile!r} matches --only {' / '.join(args.only)}")
     if args.repeats:
         for run in matrix:
             run["repeats"] = args.repeats

@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
 # Set-up shared by run_all.sh and tests/run.sh; each step runs only when its result is missing.
-#   1. Python packages: `pip install -r requirements.txt` unless torch, torchvision, pandas, matplotlib, tqdm and
-#      tabulate (and pytest, with --test) already import. Use the interpreter in $PYTHON (default python3), e.g. a venv.
+#   1. Python packages: `pip install -r requirements.txt` unless torch, torchvision, pandas, matplotlib, tqdm,
+#      tabulate, NVIDIA DALI (on Linux x86_64, where its wheel exists) and, with --test, pytest already import.
+#      Use the interpreter in $PYTHON (default python3), e.g. a venv.
 #   2. Fashion-MNIST: the Debian package dataset-fashion-mnist when apt-get is there (as root or through sudo);
 #      otherwise the scripts look in data/ and finally try torchvision's download.
+#   3. The JPEG ImageFolders that loader.py and loader_DALI.py read, under data/: bench/prepare_data.py, which skips
+#      a set that is already complete (about 2 minutes on 2 cores the first time, 0.8 GB).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
 modules="torch,torchvision,pandas,matplotlib,tqdm,tabulate"
 [ "${1:-}" = "--test" ] && modules="$modules,pytest"
+[ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] && modules="$modules,nvidia.dali"  # requirements.txt's marker
 
 if ! command -v "$PYTHON" >/dev/null; then
   echo "setup: error: no $PYTHON on PATH; install Python 3.10+ or set PYTHON=/path/to/python" >&2
@@ -34,3 +38,5 @@ if ! have_fmnist data && ! have_fmnist /usr/share/datasets/fashion-mnist; then
     echo "setup: no apt-get (or no root): the scripts will try torchvision's download of Fashion-MNIST into data/"
   fi
 fi
+
+"$PYTHON" bench/prepare_data.py  # the JPEG ImageFolders for loader*.py (skipped when complete)

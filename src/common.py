@@ -36,6 +36,9 @@ FASHION_MNIST_FILES = {
     "test_labels": "t10k-labels-idx1-ubyte.gz",
 }
 GIB = 1024**3
+# The ImageNet statistics (torchvision's models use them): per-channel mean and std of RGB in [0, 1].
+IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # what both loaders read (DALI's file reader skips other files too)
 
 
 def die(message: str, code: int = 2) -> None:
@@ -48,7 +51,8 @@ def die(message: str, code: int = 2) -> None:
 # Command line
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (otherwise one usage error, exit 2)."""
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
@@ -77,7 +81,8 @@ def _fraction(text: str) -> float:
 
 
 def get_parser(description: str | None = None) -> argparse.ArgumentParser:
-    """The flags every script shares; a script adds its own with `parser.add_argument` before parsing.
+    """The flags of the train*.py scripts (Fashion-MNIST or synthetic tensors); a script adds its own flags with
+    `parser.add_argument` before parsing.
 
     Invalid values (a non-positive batch size, an unknown model, ...) make argparse print one usage error on
     stderr and exit with status 2.
@@ -98,14 +103,48 @@ def get_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--image-size",
-        type=_positive_int,
+        type=positive_int,
         default=None,
         help="synthetic images are 3 x S x S (default 224); Fashion-MNIST is always 1 x 28 x 28",
     )
+    p.add_argument(
+        "--subset",
+        type=positive_int,
+        default=None,
+        help="train on the first N training images only (synthetic: N images per epoch)",
+    )
+    _training_flags(p)
+    return p
+
+
+def get_image_folder_parser(description: str | None = None) -> argparse.ArgumentParser:
+    """The flags of the loader*.py scripts, which read an ImageFolder of image files (train/ and val/ inside).
+
+    Same training flags as `get_parser`; `--data-dir` is the ImageFolder root, `--image-size` the crop side,
+    `--loader-only` skips the model to time the input pipeline alone. Bad values exit 2 with one usage line.
+    """
+    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=REPO / "data" / "fashion-mnist-jpeg",
+        help="an ImageFolder root with train/<class>/*.jpg and val/<class>/*.jpg (python bench/prepare_data.py "
+        "writes data/fashion-mnist-jpeg and data/imagenet-synthetic)",
+    )
+    p.add_argument("--image-size", type=positive_int, default=32, help="side of the square crops fed to the model")
+    p.add_argument("--loader-only", action="store_true", help="iterate the input pipeline without the model")
+    p.add_argument("--amp", action="store_true", help="bfloat16 autocast for the model (as the GPU bench runs it)")
+    p.add_argument("--channels-last", action="store_true", help="NHWC memory format for model and images")
+    _training_flags(p)
+    return p
+
+
+def _training_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every script shares: model, schedule, batch, workers, seed, device, metrics and checkpoints."""
     p.add_argument("--model", choices=["cnn", "resnet18", "resnet50"], default="cnn")
-    p.add_argument("--epochs", type=_positive_int, default=2)
-    p.add_argument("--max-steps", type=_positive_int, default=None, help="stop after this many optimizer steps")
-    p.add_argument("--batch-size", type=_positive_int, default=128, help="images per process per step")
+    p.add_argument("--epochs", type=positive_int, default=2)
+    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many optimizer steps")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="images per process per step")
     p.add_argument("--lr", type=_positive_float, default=5e-3, help="peak learning rate of the one-cycle schedule")
     p.add_argument(
         "--clip-grad-norm", type=_positive_float, default=None, help="clip the gradients' global L2 norm to this"
@@ -113,12 +152,6 @@ def get_parser(description: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--workers", type=_non_negative_int, default=2, help="DataLoader worker processes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
-    p.add_argument(
-        "--subset",
-        type=_positive_int,
-        default=None,
-        help="train on the first N training images only (synthetic: N images per epoch)",
-    )
     p.add_argument(
         "--warmup-steps",
         type=_non_negative_int,
@@ -132,10 +165,9 @@ def get_parser(description: str | None = None) -> argparse.ArgumentParser:
         help="report the training time until test accuracy first reaches this fraction",
     )
     p.add_argument("--metrics-out", type=Path, default=None, help="write the run's metrics JSON here")
-    p.add_argument("--log-every", type=_positive_int, default=50, help="print a progress line every N steps")
+    p.add_argument("--log-every", type=positive_int, default=50, help="print a progress line every N steps")
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="save last.pt here at the end of every epoch")
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
-    return p
 
 
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
@@ -143,7 +175,7 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     args = parser.parse_args()
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
-    if args.dataset == "fashion-mnist" and args.image_size not in (None, 28):
+    if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):
         parser.error("--image-size applies to --dataset synthetic; Fashion-MNIST images are 28 x 28")
     return args
 
@@ -322,6 +354,87 @@ def synthetic_data(args: argparse.Namespace, device: torch.device):
         SyntheticLoader(args.batch_size, size, steps, device, channels),
         SyntheticLoader(args.batch_size, size, 2, device, channels),
     )
+
+
+class BadImage(ValueError):
+    """Raised by `load_rgb` for a file that is not a readable image; the scripts report it in one line and exit 2."""
+
+
+def load_rgb(path: str):
+    """ImageFolder's `loader`: open `path` with PIL as an RGB image (greyscale is converted to 3 channels).
+
+    Raises BadImage naming the file if it is corrupt, truncated or not an image.
+    """
+    from PIL import Image
+
+    try:
+        with open(path, "rb") as f:
+            image = Image.open(f)
+            return image.convert("RGB")  # decodes the whole file: a truncated JPEG fails here
+    except (OSError, ValueError, SyntaxError) as error:
+        raise BadImage(f"{path} is not a readable image ({error}); remove or replace it") from None
+
+
+def _report_bad_image(kind, value, traceback) -> None:
+    """sys.excepthook: a BadImage (raised here or re-raised from a DataLoader worker) is one line on stderr."""
+    if issubclass(kind, BadImage):
+        # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
+        die(str(value).strip().splitlines()[-1].removeprefix("common.BadImage: "))
+    sys.__excepthook__(kind, value, traceback)
+
+
+sys.excepthook = _report_bad_image
+
+
+def find_non_image(folder: Path) -> Path | None:
+    """The first file under `folder` with an image extension whose first bytes are not a JPEG or PNG signature.
+
+    A cheap header check (4 bytes a file) that names the culprit when a decoder reports only "cannot decode".
+    """
+    signatures = (b"\xff\xd8\xff", b"\x89PNG")
+    for path in sorted(folder.rglob("*")):
+        if path.suffix.lower() in IMAGE_EXTENSIONS and path.is_file():
+            with open(path, "rb") as f:
+                if not f.read(4).startswith(signatures):
+                    return path
+    return None
+
+
+def image_folders(data_dir: Path, batch_size: int) -> tuple[Path, Path, list[str]]:
+    """`(train_dir, val_dir, class_names)` of an ImageFolder root that holds train/<class>/ and val/<class>/.
+
+    Exits with one line on stderr when the folder is missing or empty, lacks train/ or val/, a split has no class
+    folder with an image file (`IMAGE_EXTENSIONS`), the two splits name different classes, or train/ holds fewer
+    images than one `batch_size` (every epoch drops its last partial batch, so it would run no step).
+    """
+    how = "run `python bench/prepare_data.py`, or pass --data-dir ROOT with ROOT/train/<class>/*.jpg and ROOT/val/..."
+    if not data_dir.is_dir():
+        die(f"--data-dir {data_dir} does not exist; {how}")
+    if not any(data_dir.iterdir()):
+        die(f"--data-dir {data_dir} is empty; {how}")
+    classes = {}
+    for split in ("train", "val"):
+        folder = data_dir / split
+        if not folder.is_dir():
+            die(f"--data-dir {data_dir} has no {split}/ folder; {how}")
+        classes[split] = sorted(
+            d.name
+            for d in folder.iterdir()
+            if d.is_dir() and any(f.suffix.lower() in IMAGE_EXTENSIONS for f in d.iterdir())
+        )
+        if not classes[split]:
+            die(f"{folder} has no class folder with {'/'.join(IMAGE_EXTENSIONS)} files; {how}")
+    if classes["train"] != classes["val"]:
+        die(f"{data_dir}/train and {data_dir}/val have different class folders; give both the same classes")
+    images = sum(
+        1
+        for c in classes["train"]
+        for f in os.scandir(data_dir / "train" / c)
+        if f.name.lower().endswith(IMAGE_EXTENSIONS)
+    )
+    if images < batch_size:
+        die(f"--batch-size {batch_size} is larger than the {images} images in {data_dir / 'train'}; lower --batch-size")
+    return data_dir / "train", data_dir / "val", classes["train"]
 
 
 # ----------------------------------------------------------------------------------------------------------------

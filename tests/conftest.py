@@ -14,9 +14,10 @@ sys.path.insert(0, str(REPO / "src"))
 import common  # noqa: E402
 
 
-def run(*argv, timeout=600, **kwargs) -> subprocess.CompletedProcess:
-    """Run `python argv...` from the repository root; return the finished process with text stdout/stderr."""
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+def run(*argv, timeout=600, env=None, **kwargs) -> subprocess.CompletedProcess:
+    """Run `python argv...` from the repository root (in `env`, default this process's environment); return the
+    finished process with text stdout/stderr."""
+    env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
     return subprocess.run(
         [sys.executable, *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kwargs
     )

@@ -39,6 +39,9 @@ def test_smoke_profile_writes_tables_and_plots(tmp_path):
     ddp = summary[summary.script == "train_DDP.py"].iloc[0]
     assert ddp.world_size == 2 and ddp.gpus == 0 and ddp.global_batch == 128  # 2 gloo processes x 64
     assert "world size" in table and "GPUs" in table
+    assert "## Training scripts" in table and "## Input pipelines (JPEG files)" in table  # the two tables
+    loaders = summary[summary.script.str.startswith("loader")]
+    assert set(loaders.loader) == {"torch DataLoader", "DALI cpu"} and len(loaders) == 4
 
 
 def test_failures_become_rows_and_the_rest_still_runs(tmp_path):

@@ -38,15 +38,15 @@ def two_epochs(tmp_path_factory):
     return json.loads((out / "m.json").read_text()), proc.stdout, wall_s
 
 
-def test_learns_on_a_subset_in_under_a_minute(two_epochs):
-    metrics, stdout, wall_s = two_epochs
+def test_learns_on_a_subset(two_epochs):
+    """Speed is the bench's job (a timed assertion fails on a busy machine); the subprocess timeout guards hangs."""
+    metrics, stdout, _ = two_epochs
     first, second = metrics["epochs"]
     assert second["train_loss"] < first["train_loss"] < 2.3  # ln(10) = 2.30 is the loss of a uniform guess
     assert second["val_loss"] < 2.3
     assert metrics["test_acc"] == second["val_acc"] > 0.7  # chance is 0.1
     assert metrics["time_to_target_s"] is not None and metrics["time_to_target_s"] <= second["train_s"]
     assert "step 8/64 loss" in stdout  # the --log-every progress line
-    assert wall_s < 60
 
 
 def test_metrics_json_is_complete(two_epochs):

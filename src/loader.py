@@ -1,0 +1,172 @@
+"""Input-pipeline baseline: JPEG files -> decode -> RandomResizedCrop -> flip -> normalise, in torch's DataLoader.
+
+loader_DALI.py is this file plus the lines it marks as new, so `diff src/loader.py src/loader_DALI.py` is the DALI
+lesson. `python bench/prepare_data.py` writes the ImageFolders it reads: data/fashion-mnist-jpeg (real, 28 px) and
+data/imagenet-synthetic (500x375 JPEGs of ~100 KB, like ImageNet's, to make decoding cost what it costs there).
+Each DataLoader worker decodes and augments whole images on a CPU core with PIL; the GPU waits if they fall behind.
+
+    python src/loader.py                                               # small CNN on 32 px crops of Fashion-MNIST JPEGs
+    python src/loader.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --workers 8   # pipeline only
+    python src/loader.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \\
+        --workers 16 --amp --channels-last                             # end to end on a GPU
+    python src/loader.py --data-dir /datasets/imagenet --image-size 224 --model resnet50   # any ImageFolder
+"""
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+from torchvision import datasets, transforms
+
+import common
+
+parser = common.get_image_folder_parser(__doc__.splitlines()[0])
+args = common.parse_args(parser)
+generator = common.seed_everything(args.seed)
+device = common.get_device(args.device)
+
+# -- data: an ImageFolder of image files, decoded and augmented on CPU cores by the DataLoader's workers -----------
+train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
+train_set = datasets.ImageFolder(
+    train_dir,
+    transforms.Compose(
+        [
+            transforms.RandomResizedCrop(args.image_size),  # a random 8-100 % area, 3/4-4/3 aspect, resized
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),  # uint8 HWC -> float32 CHW in [0, 1]
+            transforms.Normalize(common.IMAGENET_MEAN, common.IMAGENET_STD),
+        ]
+    ),
+    loader=common.load_rgb,  # RGB even for greyscale files; a corrupt file is one clear error
+)
+val_set = datasets.ImageFolder(
+    val_dir,
+    transforms.Compose(
+        [
+            transforms.Resize(round(args.image_size / 0.875)),  # shorter side to 256 for 224 crops, as for ImageNet
+            transforms.CenterCrop(args.image_size),
+            transforms.ToTensor(),
+            transforms.Normalize(common.IMAGENET_MEAN, common.IMAGENET_STD),
+        ]
+    ),
+    loader=common.load_rgb,
+)
+train_loader = DataLoader(
+    train_set,
+    batch_size=args.batch_size,
+    shuffle=True,
+    drop_last=True,  # every step sees a full batch, so step times compare
+    num_workers=args.workers,
+    pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+    persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+    worker_init_fn=common.seed_worker,
+    generator=generator,
+)
+val_loader = DataLoader(val_set, batch_size=args.batch_size, num_workers=args.workers, pin_memory=device.type == "cuda")
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+model = common.build_model(args.model, 3, args.image_size, len(classes)).to(device, memory_format=memory_format)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    start_epoch, step = state["epoch"], state["step"]
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs, time_to_target = [], None
+mode = "loader only" if args.loader_only else f"training {args.model}"
+print(f"{mode} on {args.data_dir} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    label_counts = torch.zeros(len(classes), dtype=torch.long, device=device)  # what the loader delivered
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True, memory_format=memory_format)
+        labels = labels.to(device, non_blocking=True)
+        label_counts.index_add_(0, labels, torch.ones_like(labels))  # no sync, unlike bincount on a GPU
+        if not args.loader_only:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+                loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.detach()
+        step += 1
+        epoch_steps += 1
+        meter.step(images.size(0))
+        if step % args.log_every == 0:
+            print(f"epoch {epoch + 1} step {step}/{total_steps}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = (None, None) if args.loader_only else common.evaluate(model, val_loader, device)
+    epochs.append(
+        {
+            "epoch": epoch + 1,
+            "step": step,
+            "images": int(label_counts.sum()),
+            "label_counts": label_counts.tolist(),
+            "train_loss": None if args.loader_only else loss_sum.item() / max(epoch_steps, 1),
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "train_s": meter.train_s,
+        }
+    )
+    print(
+        f"epoch {epoch + 1}: {epochs[-1]['images']} images"
+        + ("" if args.loader_only else f", test acc {100 * val_acc:.2f} %")
+        + f", {meter.train_s:.1f} s",
+        flush=True,
+    )
+    if args.target_acc and time_to_target is None and val_acc is not None and val_acc >= args.target_acc:
+        time_to_target = meter.train_s
+    if checkpoint:
+        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
+    if step == total_steps:
+        break
+
+# -- metrics ------------------------------------------------------------------------------------------------------
+summary = meter.summary()
+print(
+    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
+    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
+    flush=True,
+)
+common.write_metrics(
+    args.metrics_out,
+    script="loader.py",
+    technique="loader",
+    loader="torch DataLoader",
+    workers=args.workers,
+    loader_only=args.loader_only,
+    world_size=1,
+    gpus=int(device.type == "cuda"),
+    batch_size=args.batch_size,
+    global_batch=args.batch_size,
+    precision="amp bfloat16" if args.amp else common.precision_label(device),
+    model="none (loader only)" if args.loader_only else args.model,
+    dataset=args.data_dir.name,
+    image_size=args.image_size,
+    device=str(device),
+    **summary,
+    epochs=epochs,
+    steps=step,
+    test_acc=epochs[-1]["val_acc"] if epochs else None,
+    test_images=len(val_set),
+    target_acc=args.target_acc,
+    time_to_target_s=time_to_target,
+    status="ok",
+)

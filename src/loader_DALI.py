@@ -1,0 +1,215 @@
+# new # begin: this script's own docstring
+"""NVIDIA DALI: loader.py's input pipeline as a DALI graph, decoding on the GPU ('mixed') and sharding by rank.
+
+The same steps as loader.py (read files, decode, RandomResizedCrop, flip, normalise) run as one DALI pipeline: a
+pool of --threads C++ threads instead of Python worker processes, and on a GPU the `mixed` decoder splits each JPEG
+between the CPU (Huffman decoding) and the GPU (nvJPEG: IDCT, colour conversion), so resizing, cropping and
+normalising happen on the GPU and the CPU stops being the bottleneck. DALIGenericIterator hands the batches to
+PyTorch as tensors already on the device. Without a GPU, DALI runs in its CPU-only mode (device_id=None, `cpu`
+operators): the nearest honest equivalent, which this script says in one line. Under torchrun (RANK, WORLD_SIZE)
+`fn.readers.file` reads shard RANK of WORLD_SIZE, so ranks see disjoint files. Needs `pip install nvidia-dali-cuda120`.
+
+    python src/loader_DALI.py                                          # small CNN on 32 px crops of Fashion-MNIST JPEGs
+    python src/loader_DALI.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --threads 8
+    python src/loader_DALI.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \
+        --threads 8 --amp --channels-last                              # end to end on a GPU
+    torchrun --nproc-per-node 2 src/loader_DALI.py --loader-only --device cpu   # 2 shards, disjoint files
+    diff src/loader.py src/loader_DALI.py                              # only the lines marked `# new #`
+"""
+# new # end
+
+import os  # new #
+
+import torch
+import torch.nn as nn
+
+# new # no DataLoader, no torchvision transforms: DALI does both below
+import common
+
+# new # begin: DALI is an optional install; say how to get it instead of a traceback
+try:
+    from nvidia.dali import fn, pipeline_def, types
+    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
+except ImportError:
+    common.die("NVIDIA DALI is not installed: pip install nvidia-dali-cuda120 (Linux x86_64; see requirements.txt)")
+# new # end
+
+parser = common.get_image_folder_parser(__doc__.splitlines()[0])
+parser.add_argument(  # new #
+    "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
+)
+args = common.parse_args(parser)
+generator = common.seed_everything(args.seed)
+device = common.get_device(args.device)
+# new # begin: one shard per rank (torchrun sets RANK / WORLD_SIZE; one process reads everything)
+rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+threads = args.threads or max(1, args.workers)
+gpu = device.type == "cuda"
+if not gpu:
+    print("loader_DALI.py: no GPU: DALI's CPU-only mode (device_id=None), decoding on the CPU, not 'mixed'", flush=True)
+# new # end
+
+# -- data: an ImageFolder of image files, decoded and augmented on CPU cores by the DataLoader's workers -----------
+train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
+
+
+# new # begin: the same pipeline as a DALI graph, built once and run by `threads` C++ threads (and the GPU)
+@pipeline_def(batch_size=args.batch_size, num_threads=threads, device_id=device.index or 0 if gpu else None)
+def image_pipeline(root, training):
+    files, labels = fn.readers.file(
+        file_root=root, shard_id=rank, num_shards=world_size, random_shuffle=training, seed=args.seed, name="Reader"
+    )
+    decoder = "mixed" if gpu else "cpu"  # mixed: Huffman decoding on the CPU, the rest on the GPU (nvJPEG)
+    if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
+        images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed + rank)
+        images = fn.resize(images, resize_x=args.image_size, resize_y=args.image_size)
+        mirror = fn.random.coin_flip(probability=0.5, seed=args.seed + rank)  # RandomHorizontalFlip
+    else:  # shorter side to image_size / 0.875, then the centre crop, as loader.py's val transforms
+        images = fn.decoders.image(files, device=decoder, output_type=types.RGB)
+        images = fn.resize(images, resize_shorter=round(args.image_size / 0.875))
+        mirror = 0
+    images = fn.crop_mirror_normalize(
+        images,
+        dtype=types.FLOAT,
+        output_layout="CHW",  # float32 CHW, like ToTensor
+        crop=(args.image_size, args.image_size),
+        mean=[255 * m for m in common.IMAGENET_MEAN],  # DALI normalises 0-255 values
+        std=[255 * s for s in common.IMAGENET_STD],
+        mirror=mirror,
+    )
+    return images, labels.gpu() if gpu else labels
+
+
+class DALILoader:
+    """Batches of a DALIGenericIterator as (images, labels) like a DataLoader's: float32 (N, 3, S, S), int64 (N,)."""
+
+    def __init__(self, pipeline, last_batch_policy):
+        self.pipeline = pipeline
+        self.iterator = DALIGenericIterator(
+            pipeline, ["images", "labels"], reader_name="Reader", last_batch_policy=last_batch_policy, auto_reset=True
+        )  # reader_name: the epoch ends when the reader has read its shard once
+
+    def __len__(self):
+        return len(self.iterator)
+
+    def __iter__(self):
+        try:
+            for batch in self.iterator:
+                yield batch[0]["images"], batch[0]["labels"].squeeze(-1).long()
+        except RuntimeError as error:  # a corrupt file: one line that names it
+            named = [line.strip() for line in str(error).splitlines() if "Failed to decode" in line]
+            culprit = named[0] if named else f"{common.find_non_image(args.data_dir) or 'unknown file'} is not an image"
+            common.die(f"DALI cannot decode a file under {args.data_dir}: {culprit}; remove or replace it")
+
+
+train_loader = DALILoader(image_pipeline(train_dir, training=True), LastBatchPolicy.DROP)  # like drop_last=True
+val_loader = DALILoader(image_pipeline(val_dir, training=False), LastBatchPolicy.PARTIAL)  # every image once
+# new # end
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
+model = common.build_model(args.model, 3, args.image_size, len(classes)).to(device, memory_format=memory_format)
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    start_epoch, step = state["epoch"], state["step"]
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs, time_to_target = [], None
+mode = "loader only" if args.loader_only else f"training {args.model}"
+print(f"{mode} on {args.data_dir} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    label_counts = torch.zeros(len(classes), dtype=torch.long, device=device)  # what the loader delivered
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True, memory_format=memory_format)
+        labels = labels.to(device, non_blocking=True)
+        label_counts.index_add_(0, labels, torch.ones_like(labels))  # no sync, unlike bincount on a GPU
+        if not args.loader_only:
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+                loss = criterion(model(images), labels)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            scheduler.step()
+            loss_sum += loss.detach()
+        step += 1
+        epoch_steps += 1
+        meter.step(images.size(0))
+        if step % args.log_every == 0:
+            print(f"epoch {epoch + 1} step {step}/{total_steps}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = (None, None) if args.loader_only else common.evaluate(model, val_loader, device)
+    epochs.append(
+        {
+            "epoch": epoch + 1,
+            "step": step,
+            "images": int(label_counts.sum()),
+            "label_counts": label_counts.tolist(),
+            "train_loss": None if args.loader_only else loss_sum.item() / max(epoch_steps, 1),
+            "val_loss": val_loss,
+            "val_acc": val_acc,
+            "train_s": meter.train_s,
+        }
+    )
+    print(
+        f"epoch {epoch + 1}: {epochs[-1]['images']} images"
+        + ("" if args.loader_only else f", test acc {100 * val_acc:.2f} %")
+        + f", {meter.train_s:.1f} s",
+        flush=True,
+    )
+    if args.target_acc and time_to_target is None and val_acc is not None and val_acc >= args.target_acc:
+        time_to_target = meter.train_s
+    if checkpoint:
+        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
+    if step == total_steps:
+        break
+
+# -- metrics ------------------------------------------------------------------------------------------------------
+summary = meter.summary()
+print(
+    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
+    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
+    flush=True,
+)
+common.write_metrics(
+    args.metrics_out,
+    script="loader_DALI.py",  # new #
+    technique="DALI",
+    loader=f"DALI {'mixed' if gpu else 'cpu'}",
+    workers=threads,
+    loader_only=args.loader_only,
+    world_size=world_size,  # new # shards read
+    gpus=int(device.type == "cuda"),
+    batch_size=args.batch_size,
+    global_batch=args.batch_size,
+    precision="amp bfloat16" if args.amp else common.precision_label(device),
+    model="none (loader only)" if args.loader_only else args.model,
+    dataset=args.data_dir.name,
+    image_size=args.image_size,
+    device=str(device),
+    **summary,
+    epochs=epochs,
+    steps=step,
+    test_acc=epochs[-1]["val_acc"] if epochs else None,
+    test_images=val_loader.pipeline.epoch_size("Reader"),  # new # files in val/, like len(val_set)
+    target_acc=args.target_acc,
+    time_to_target_s=time_to_target,
+    status="ok",
+)
