@@ -38,9 +38,8 @@ from tqdm import tqdm  # noqa: E402
 
 import common  # noqa: E402
 
-RUN_FIELDS = [
-    "script",
-    "technique",
+# What a configuration is (the same in each of its runs), then what a run measures.
+CONFIG_FIELDS = [
     "loader",
     "workers",
     "loader_only",
@@ -52,6 +51,11 @@ RUN_FIELDS = [
     "gpus",
     "global_batch",
     "precision",
+]
+RUN_FIELDS = [
+    "script",
+    "technique",
+    *CONFIG_FIELDS,
     "images_per_s",
     "step_ms_p50",
     "step_ms_p90",
@@ -191,24 +195,7 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
         }
         if len(ok):
             first = ok.iloc[0]
-            row.update(
-                {
-                    key: first.get(key)
-                    for key in [
-                        "loader",
-                        "workers",
-                        "loader_only",
-                        "image_size",
-                        "model",
-                        "dataset",
-                        "device",
-                        "world_size",
-                        "gpus",
-                        "global_batch",
-                        "precision",
-                    ]
-                }
-            )
+            row.update({key: first.get(key) for key in CONFIG_FIELDS})
             for key in MEDIAN_FIELDS:
                 values = pd.to_numeric(ok[key], errors="coerce").dropna() if key in ok else pd.Series(dtype=float)
                 row[key] = values.median() if len(values) else None

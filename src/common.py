@@ -4,6 +4,8 @@ The scripts (`train.py`, `train_*.py`, ...) keep their training loop in the file
 in context; this module holds the parts they all use unchanged: the argument parser with the shared flags, seeding,
 device pick, Fashion-MNIST and synthetic data, the model factory, evaluation, the throughput / memory meter, the
 metrics JSON writer and the checkpoint helpers. No function here asks which technique calls it.
+Importing it installs one sys.excepthook: a BadImage (a corrupt file in an ImageFolder, even one re-raised from a
+DataLoader worker) is reported as one line on stderr with exit status 2 instead of a traceback.
 """
 
 from __future__ import annotations
