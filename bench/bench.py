@@ -3,12 +3,16 @@
     python bench/bench.py --profile smoke --out /tmp/smoke          # CPU, seconds per run (what the tests run)
     python bench/bench.py --profile cpu --out results/cpu-2core     # a 2-core laptop, about 10 minutes
     python bench/bench.py --profile auto                            # gpu when CUDA is present, else cpu
+    python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: only what is missing
 
 The matrix is data: bench/profiles.toml (or --matrix FILE). Each run gets a timeout, its own log in OUT/logs/ and
 its metrics JSON in OUT/metrics/; a run that fails, runs out of memory or times out becomes a row with its status
-and the last line of its log, and the others go on. Writes into OUT, each file atomically:
+(failed / oom / timeout) and its error line, and the others go on. runs.csv is rewritten after every run, so Ctrl-C
+(or a crash of the runner) keeps the finished rows, and --resume skips the runs that are already there. Writes into
+OUT, each file atomically:
 runs.csv (one row per run), summary.csv (one row per configuration: median and min-max over the repeats, speed-up
-vs its baseline), table.md, env.json and the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png.
+vs its baseline), table.md, env.json, the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png, and
+index.html with one side-by-side page per technique (bench/diff_pages.py) showing this run's speed-ups.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import common  # noqa: E402
+import diff_pages  # noqa: E402
 
 # What a configuration is (the same in each of its runs), then what a run measures.
 CONFIG_FIELDS = [
@@ -130,18 +135,51 @@ def command(run: dict, metrics: Path, python: str, gpus: int) -> list[str]:
 
 
 def last_line(log: Path) -> str:
-    """The last non-empty line of `log` (tqdm's carriage returns split lines too), at most 200 characters."""
+    """The line that says why a run ended: the last `...: error: ...` line of `log` (the scripts' one-line errors,
+    which torchrun's own failure report follows), else its last non-empty line; at most 200 characters."""
     try:
         lines = [line.strip() for line in re.split(r"[\r\n]", log.read_text(errors="replace")) if line.strip()]
     except OSError:
         return ""
-    return lines[-1][:200] if lines else ""
+    errors = [line for line in lines if ": error: " in line]
+    return (errors or lines or [""])[-1][:200]
+
+
+def is_out_of_memory(text: str) -> bool:
+    """CUDA's "CUDA out of memory", the scripts' one-line "out of memory", Python's MemoryError, or the CPU
+    allocator's "can't allocate memory"."""
+    return "out of memory" in text.lower() or "MemoryError" in text or "can't allocate memory" in text
+
+
+def run_paths(run: dict, repeat: int, out: Path) -> tuple[Path, Path]:
+    """(log, metrics JSON) of repeat `repeat` of `run` under `out`."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", run["name"]).strip("-")
+    return out / "logs" / f"{slug}-r{repeat}.log", out / "metrics" / f"{slug}-r{repeat}.json"
+
+
+def finished_rows(out: Path) -> dict:
+    """For --resume: the ok rows of OUT/runs.csv whose metrics JSON is still there, by (config, repeat)."""
+    try:
+        previous = pd.read_csv(out / "runs.csv", dtype={"config": str})
+    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
+        return {}
+    if "status" not in previous or "repeat" not in previous:
+        return {}
+    rows = {}
+    for row in previous[previous.status == "ok"].to_dict("records"):
+        metrics = out / "metrics" / Path(str(row.get("log", ""))).with_suffix(".json").name
+        if metrics.exists():
+            rows[(row["config"], int(row["repeat"]))] = row
+    return rows
 
 
 def execute(run: dict, repeat: int, out: Path, python: str, gpus: int) -> dict:
-    """Run `run` once as a subprocess with its timeout; return its row for runs.csv (status ok/failed/oom/timeout)."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", run["name"]).strip("-")
-    log, metrics = out / "logs" / f"{slug}-r{repeat}.log", out / "metrics" / f"{slug}-r{repeat}.json"
+    """Run `run` once as a subprocess with its timeout; return its row for runs.csv.
+
+    status: ok, failed (non-zero exit or no metrics), oom (out of memory in its log), timeout (killed after
+    `timeout_s`), or interrupted (Ctrl-C: the run is killed and the caller stops the matrix).
+    """
+    log, metrics = run_paths(run, repeat, out)
     log.parent.mkdir(parents=True, exist_ok=True)
     metrics.parent.mkdir(parents=True, exist_ok=True)
     metrics.unlink(missing_ok=True)
@@ -156,20 +194,18 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int) -> dict:
         process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
         try:
             rc = process.wait(timeout=run["timeout_s"])
-        except subprocess.TimeoutExpired:
+        except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            rc = None
-        except KeyboardInterrupt:
-            os.killpg(process.pid, signal.SIGKILL)
-            raise
+            rc = "interrupted" if isinstance(stop, KeyboardInterrupt) else None
     row["wall_s"] = time.perf_counter() - started
     text = log.read_text(errors="replace")
-    if rc is None:
+    if rc == "interrupted":
+        row.update(status="interrupted", reason="Ctrl-C: killed; --resume runs it again")
+    elif rc is None:
         row.update(status="timeout", reason=f"killed after {run['timeout_s']} s; last line: {last_line(log)}")
     elif rc != 0:
-        oom = "out of memory" in text.lower() or "MemoryError" in text
-        row.update(status="oom" if oom else "failed", reason=f"exit {rc}: {last_line(log)}")
+        row.update(status="oom" if is_out_of_memory(text) else "failed", reason=f"exit {rc}: {last_line(log)}")
     elif not metrics.exists():
         row.update(status="failed", reason="exit 0 but no metrics JSON written")
     else:
@@ -439,6 +475,11 @@ def main() -> None:
     parser.add_argument(
         "--only", action="append", default=None, help="run only configurations whose name contains this (repeatable)"
     )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="keep the ok runs already in OUT/runs.csv (same command, metrics JSON present) and run only the others",
+    )
     args = parser.parse_args()
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be 1 or more")
@@ -459,6 +500,9 @@ def main() -> None:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         fail(f"cannot create --out {out}: {error}")
+    if not os.access(out, os.W_OK):
+        fail(f"cannot write into --out {out}; pick a folder you own")
+    done = finished_rows(out) if args.resume else {}
 
     env = {
         **common.environment(),
@@ -469,25 +513,34 @@ def main() -> None:
     }
     common.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
     jobs = [(run, k) for run in matrix for k in range(1, run["repeats"] + 1)]
-    rows = []
+    rows, interrupted = [], False
     print(f"bench: profile {profile}, {len(matrix)} configurations, {len(jobs)} runs -> {out}", flush=True)
     try:
         for run, k in (bar := tqdm(jobs, unit="run", dynamic_ncols=True)):
             bar.set_description(f"{run['name']} r{k}")
             reason = skip_reason(run, gpus)
+            previous = done.get((run["name"], k))
             if reason:
                 row = {"config": run["name"], "repeat": k, "status": "skipped", "reason": reason}
+            elif previous and previous.get("command") == " ".join(
+                command(run, run_paths(run, k, out)[1], args.python, gpus)
+            ):
+                row = previous  # --resume: this run already finished with the same command
             else:
                 row = execute(run, k, out, args.python, gpus)
             rows.append(row)
             write_csv(pd.DataFrame(rows), out / "runs.csv")  # after every run: an interruption keeps what finished
             bar.write(
                 f"{row['config']} r{k}: {row['status']}"
-                + (f", {row['images_per_s']:.1f} images/s" if row.get("images_per_s") else "")
-                + (f" ({row['reason']})" if row.get("reason") else "")
+                + (" (already there, --resume)" if row is previous else "")
+                + (f", {row['images_per_s']:.1f} images/s" if pd.notna(row.get("images_per_s") or None) else "")
+                + (f" ({row['reason']})" if isinstance(row.get("reason"), str) and row["reason"] else "")
             )
+            if row["status"] == "interrupted":
+                raise KeyboardInterrupt
     except KeyboardInterrupt:
-        print("bench: interrupted; writing the rows that finished", file=sys.stderr)
+        interrupted = True
+        print("bench: interrupted; writing the rows that finished (add --resume to run the rest)", file=sys.stderr)
     runs = pd.DataFrame(rows)
     for key in ["status", "reason", "dataset", "epochs", "images_per_s"]:
         if key not in runs:
@@ -499,7 +552,11 @@ def main() -> None:
     table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)")
     common.atomic_write_text(out / "table.md", table_md)
     plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}")
+    diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
     print(table_md)
+    print(f"bench: tables, plots and the side-by-side pages are in {out} (open {out / 'index.html'})")
+    if interrupted:
+        raise SystemExit(130)  # the shell's code for Ctrl-C
     failed = (summary.status != "ok") & (summary.status != "skipped")
     if failed.any():
         print(

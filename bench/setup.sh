@@ -7,6 +7,7 @@
 #      otherwise the scripts look in data/ and finally try torchvision's download.
 #   3. The JPEG ImageFolders that loader.py and loader_DALI.py read, under data/: bench/prepare_data.py, which skips
 #      a set that is already complete (about 2 minutes on 2 cores the first time, 0.8 GB).
+#   4. With --test only: Chromium (Debian package chromium), which renders the side-by-side pages in a test.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -26,17 +27,24 @@ if ! "$PYTHON" -c "import $modules" 2>/dev/null; then
   }
 fi
 
+# apt_install PACKAGE: install a Debian package as root or through password-less sudo; fails when neither works.
+apt_install() {
+  local sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
+  command -v apt-get >/dev/null && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; } || return 1
+  echo "setup: installing the Debian package $1"
+  { [ -n "${apt_updated:-}" ] || $sudo apt-get update -qq; } && apt_updated=1 \
+    && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
+}
+
 fmnist_files="train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz"
 have_fmnist() { for f in $fmnist_files; do [ -f "$1/$f" ] || return 1; done; }
 if ! have_fmnist data && ! have_fmnist /usr/share/datasets/fashion-mnist; then
-  sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo -n"
-  if command -v apt-get >/dev/null && { [ -z "$sudo" ] || sudo -n true 2>/dev/null; }; then
-    echo "setup: installing Fashion-MNIST (Debian package dataset-fashion-mnist)"
-    $sudo apt-get update -qq && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq dataset-fashion-mnist \
-      || echo "setup: apt-get could not install dataset-fashion-mnist; the scripts will try torchvision's download"
-  else
-    echo "setup: no apt-get (or no root): the scripts will try torchvision's download of Fashion-MNIST into data/"
-  fi
+  apt_install dataset-fashion-mnist \
+    || echo "setup: could not apt-get install dataset-fashion-mnist (no apt-get, no root, or it failed): the scripts will try torchvision's download into data/"
+fi
+if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null; then
+  apt_install chromium \
+    || echo "setup: could not apt-get install chromium: the test that renders the pages will fail; install Chromium"
 fi
 
 "$PYTHON" bench/prepare_data.py  # the JPEG ImageFolders for loader*.py (skipped when complete)

@@ -4,8 +4,9 @@ The scripts (`train.py`, `train_*.py`, ...) keep their training loop in the file
 in context; this module holds the parts they all use unchanged: the argument parser with the shared flags, seeding,
 device pick, Fashion-MNIST and synthetic data, the model factory, evaluation, the throughput / memory meter, the
 metrics JSON writer and the checkpoint helpers. No function here asks which technique calls it.
-Importing it installs one sys.excepthook: a BadImage (a corrupt file in an ImageFolder, even one re-raised from a
-DataLoader worker) is reported as one line on stderr with exit status 2 instead of a traceback.
+Importing it installs one sys.excepthook that turns the failures a user causes into one line on stderr instead of a
+traceback: a BadImage (a corrupt file in an ImageFolder, even one re-raised from a DataLoader worker; exit 2), running
+out of host or device memory (exit 3, advice to lower --batch-size) and Ctrl-C (exit 130).
 """
 
 from __future__ import annotations
@@ -153,6 +154,11 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--workers", type=_non_negative_int, default=2, help="DataLoader worker processes")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="bitwise-reproducible runs for a seed: deterministic algorithms only, no cuDNN autotuning (slower)",
+    )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument(
         "--warmup-steps",
@@ -179,6 +185,19 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
     if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):
         parser.error("--image-size applies to --dataset synthetic; Fashion-MNIST images are 28 x 28")
+    # Check the output folders now rather than after hours of training, when a failed write would lose the results.
+    for flag, folder in (
+        ("--metrics-out", args.metrics_out.parent if args.metrics_out else None),
+        ("--checkpoint-dir", args.checkpoint_dir),
+    ):
+        if folder is None:
+            continue
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            parser.error(f"{flag}: cannot create {folder} ({error.strerror})")
+        if not os.access(folder, os.W_OK):
+            parser.error(f"{flag}: cannot write into {folder}; pick a folder you own")
     return args
 
 
@@ -198,11 +217,25 @@ def precision_label(device: torch.device) -> str:
 # Seeding and device
 
 
-def seed_everything(seed: int) -> torch.Generator:
-    """Seed Python, NumPy and torch (all devices); return a torch.Generator for the DataLoader's shuffling."""
+def seed_everything(seed: int, deterministic: bool = False) -> torch.Generator:
+    """Seed Python, NumPy and torch (all devices); return a torch.Generator for the DataLoader's shuffling.
+
+    With `deterministic`, also make every kernel reproducible, following
+    https://pytorch.org/docs/stable/notes/randomness.html: `torch.use_deterministic_algorithms(True, warn_only=True)`
+    (deterministic kernels where torch has them; an op without one, e.g. some pooling backward passes on CUDA, warns
+    once naming itself instead of stopping the run), cuDNN without autotuning
+    (`benchmark = False`, `deterministic = True`) and the cuBLAS workspace setting CUDA >= 10.2 needs
+    (`CUBLAS_WORKSPACE_CONFIG=:4096:8`, set before the first cuBLAS call). DataLoader workers are seeded by
+    `seed_worker` and the returned generator either way, so two runs with the same seed see the same batches.
+    """
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    if deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
     return torch.Generator().manual_seed(seed)
 
 
@@ -377,15 +410,32 @@ def load_rgb(path: str):
         raise BadImage(f"{path} is not a readable image ({error}); remove or replace it") from None
 
 
-def _report_bad_image(kind, value, traceback) -> None:
-    """sys.excepthook: a BadImage (raised here or re-raised from a DataLoader worker) is one line on stderr."""
+def _is_out_of_memory(kind, value) -> bool:
+    """MemoryError, torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError "can't allocate memory"."""
+    return issubclass(kind, (MemoryError, torch.OutOfMemoryError)) or (
+        issubclass(kind, RuntimeError) and ("can't allocate memory" in str(value) or "out of memory" in str(value))
+    )
+
+
+def _report_user_errors(kind, value, traceback) -> None:
+    """sys.excepthook: one line on stderr, no traceback, for what the user can fix or caused.
+
+    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. Out of memory: exit 3, with the first
+    line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
+    Anything else is a bug and keeps its traceback.
+    """
     if issubclass(kind, BadImage):
         # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
         die(str(value).strip().splitlines()[-1].removeprefix("common.BadImage: "))
+    if _is_out_of_memory(kind, value):
+        first = (str(value).strip().splitlines() or [kind.__name__])[0][:160]
+        die(f"out of memory ({first}); lower --batch-size (or --image-size, --workers)", code=3)
+    if issubclass(kind, KeyboardInterrupt):
+        die("interrupted (Ctrl-C); with --checkpoint-dir, add --resume to continue from the last checkpoint", code=130)
     sys.__excepthook__(kind, value, traceback)
 
 
-sys.excepthook = _report_bad_image
+sys.excepthook = _report_user_errors
 
 
 def find_non_image(folder: Path) -> Path | None:
@@ -654,6 +704,7 @@ def environment() -> dict:
         "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
         "cpu": platform.processor() or platform.machine(),
         "hostname": socket.gethostname(),
     }

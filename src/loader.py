@@ -21,7 +21,7 @@ import common
 
 parser = common.get_image_folder_parser(__doc__.splitlines()[0])
 args = common.parse_args(parser)
-generator = common.seed_everything(args.seed)
+generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 
 # -- data: an ImageFolder of image files, decoded and augmented on CPU cores by the DataLoader's workers -----------

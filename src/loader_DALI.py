@@ -39,7 +39,7 @@ parser.add_argument(  # new #
     "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
 )
 args = common.parse_args(parser)
-generator = common.seed_everything(args.seed)
+generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: one shard per rank (torchrun sets RANK / WORLD_SIZE; one process reads everything)
 rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))

@@ -17,7 +17,7 @@ import common
 
 parser = common.get_parser(__doc__.splitlines()[0])
 args = common.parse_args(parser)
-generator = common.seed_everything(args.seed)
+generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------

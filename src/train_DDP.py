@@ -17,10 +17,15 @@ On CPU the backend is gloo and each process gets cores / processes threads; on C
     # Slurm: sbatch --nodes 2 --gpus-per-node 8 --ntasks-per-node 1 with, in the batch script,
     #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
     #       --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 src/train_DDP.py
+    # survive a killed worker: torchrun restarts the group, which resumes from the last checkpoint (every 200 steps);
+    # the variable gives each attempt a fresh rendezvous store (pytorch/pytorch#135712: stale addresses otherwise)
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP.py \
+        --checkpoint-dir ckpt --checkpoint-every 200 --resume
     diff src/train.py src/train_DDP.py                                             # only the lines marked `# new #`
 """
 # new # end
 
+import itertools  # new #
 import os  # new #
 
 import torch
@@ -39,6 +44,9 @@ parser.add_argument(  # new #
 parser.add_argument(  # new #
     "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
 )
+parser.add_argument(  # new #
+    "--checkpoint-every", type=common.positive_int, default=None, help="also save last.pt every N steps (mid-epoch)"
+)
 args = common.parse_args(parser)
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 if "LOCAL_RANK" not in os.environ:
@@ -46,7 +54,7 @@ if "LOCAL_RANK" not in os.environ:
 local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
 # new # end
-generator = common.seed_everything(args.seed)
+generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: one device per process, then the process group
 if device.type == "cuda":
@@ -101,10 +109,12 @@ if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
 start_epoch, step = 0, 0
+epochs_before = []  # new # per-epoch records of the attempts before a restart
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # every rank loads the same file
     start_epoch, step = state["epoch"], state["step"]
+    epochs_before = state.get("epochs", [])  # new #
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
@@ -112,7 +122,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-epochs, time_to_target = [], None
+epochs, time_to_target = epochs_before, None  # new #
 test_images = len(test_loader.dataset)  # evaluate() counts every one of them
 if master:  # new #
     print(
@@ -125,7 +135,8 @@ for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # new #
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    for images, labels in meter.loader(train_loader):
+    done = step - epoch * len(train_loader)  # new # > 0 only in an epoch resumed mid-way: skip the batches it ran
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # new #
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -142,6 +153,11 @@ for epoch in range(start_epoch, args.epochs):
         meter.step(images.size(0))
         if master and step % args.log_every == 0:  # new #
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
+        # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps (rank 0 writes; replicas are equal)
+        if checkpoint and master and args.checkpoint_every and step % args.checkpoint_every == 0:
+            common.save_checkpoint(checkpoint, model.module, optimizer, epoch, step, sampler_epoch=epoch, epochs=epochs)
+            print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
+        # new # end
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
@@ -172,8 +188,10 @@ for epoch in range(start_epoch, args.epochs):
         )
     if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
         time_to_target = meter.train_s
-    if checkpoint and master:  # new #
-        common.save_checkpoint(checkpoint, model.module, optimizer, epoch + 1, step)  # new # loads into train.py
+    if checkpoint and master:  # new # `model.module`: without the "module." prefix, so it loads into train.py
+        common.save_checkpoint(  # new #
+            checkpoint, model.module, optimizer, epoch + 1, step, sampler_epoch=epoch + 1, epochs=epochs
+        )
     if step == total_steps:
         break
 

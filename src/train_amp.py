@@ -28,7 +28,7 @@ parser.add_argument(  # new #
     "--amp-dtype", choices=["float16", "bfloat16"], default=None, help="default: float16 on CUDA, bfloat16 on CPU"
 )
 args = common.parse_args(parser)
-generator = common.seed_everything(args.seed)
+generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")

@@ -1,7 +1,13 @@
-"""The bench runner, as a real subprocess: the smoke profile's outputs, and failures that become rows."""
+"""The bench runner, as a real subprocess: the smoke profile's outputs, failures that become rows (failed, oom,
+timeout, skipped), Ctrl-C that keeps the finished rows, and --resume."""
 
 import json
+import signal
+import subprocess
+import sys
+import time
 import tomllib
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -42,6 +48,10 @@ def test_smoke_profile_writes_tables_and_plots(tmp_path):
     assert "## Training scripts" in table and "## Input pipelines (JPEG files)" in table  # the two tables
     loaders = summary[summary.script.str.startswith("loader")]
     assert set(loaders.loader) == {"torch DataLoader", "DALI cpu"} and len(loaders) == 4
+    index = (out / "index.html").read_text()  # the side-by-side pages, with this run's speed-ups
+    amp = summary[summary.script == "train_amp.py"].iloc[0]
+    assert 'href="diff-train_amp.html"' in index and f"{amp.speedup:.2f}×" in index
+    assert (out / "diff-train_amp.html").is_file() and "index.html" in proc.stdout
 
 
 def test_failures_become_rows_and_the_rest_still_runs(tmp_path):
@@ -97,3 +107,83 @@ min_gpus = 64
 def test_bad_bench_flags_are_one_line(argv, fragment):
     proc = run("bench/bench.py", *argv, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and fragment in proc.stderr
+
+
+QUICK_RUN = """
+[[t.runs]]
+name = "quick"
+script = "src/train.py"
+args = ["--device", "cpu", "--dataset", "synthetic", "--image-size", "28", "--subset", "512", "--batch-size", "64",
+        "--epochs", "1", "--warmup-steps", "2"]
+baseline = "quick"
+"""
+
+
+def _matrix(tmp_path, body):
+    matrix = tmp_path / f"matrix{len(list(tmp_path.glob('matrix*')))}.toml"
+    matrix.write_text("[t]\nrepeats = 1\ntimeout_s = 300\n" + QUICK_RUN + body)
+    return matrix
+
+
+def test_out_of_memory_is_an_oom_row(tmp_path):
+    """A batch of 3 x 30000 x 30000 images cannot be allocated: the row says oom with the script's error line."""
+    matrix = _matrix(
+        tmp_path,
+        """
+[[t.runs]]
+name = "too big"
+script = "src/train.py"
+args = ["--device", "cpu", "--dataset", "synthetic", "--image-size", "30000", "--batch-size", "64"]
+""",
+    )
+    proc = run("bench/bench.py", "--profile", "t", "--matrix", matrix, "--out", tmp_path / "out", timeout=600)
+    assert proc.returncode == 1
+    summary = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("config")
+    assert summary.loc["quick", "status"] == "ok"
+    assert summary.loc["too big", "status"] == "oom"
+    assert "exit 3: train.py: error: out of memory" in summary.loc["too big", "reason"]
+
+
+def _alive(marker: str) -> bool:
+    """Whether a process whose command line contains `marker` still runs."""
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if marker in cmdline.read_bytes().decode(errors="replace"):
+                return True
+        except OSError:
+            continue
+    return False
+
+
+def test_ctrl_c_keeps_finished_rows_and_resume_runs_only_the_rest(tmp_path):
+    out = tmp_path / "out"
+    long = '\n[[t.runs]]\nname = "long"\nscript = "src/train.py"\nargs = ["--device", "cpu", "--epochs", "{}"]\n'
+    bench = subprocess.Popen(
+        [sys.executable, "bench/bench.py", "--profile", "t", "--matrix", _matrix(tmp_path, long.format(50)),
+         "--out", out], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 300
+    while not (out / "logs" / "long-r1.log").exists():  # the first run finished, the second started
+        assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
+        time.sleep(0.5)
+    time.sleep(3)
+    bench.send_signal(signal.SIGINT)  # what Ctrl-C sends
+    stdout, stderr = bench.communicate(timeout=120)
+    assert bench.returncode == 130, stdout + stderr
+    assert "interrupted" in stderr and "--resume" in stderr
+    runs = pd.read_csv(out / "runs.csv").set_index("config")
+    assert runs.loc["quick", "status"] == "ok" and runs.loc["quick", "images_per_s"] > 0
+    assert runs.loc["long", "status"] == "interrupted"
+    assert (out / "table.md").exists() and (out / "summary.csv").exists()
+    assert not list(out.rglob("*.tmp"))  # every file was written whole, then renamed
+    assert not _alive(str(out / "metrics" / "long-r1.json"))  # the interrupted run was killed, not orphaned
+
+    quick_log = (out / "logs" / "quick-r1.log").stat().st_mtime_ns
+    matrix = _matrix(tmp_path, long.format(1).replace('"--epochs"', '"--subset", "1024", "--epochs"'))
+    proc = run("bench/bench.py", "--profile", "t", "--matrix", matrix, "--out", out, "--resume", timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "quick r1: ok (already there, --resume)" in proc.stdout + proc.stderr
+    assert (out / "logs" / "quick-r1.log").stat().st_mtime_ns == quick_log  # not run again
+    summary = pd.read_csv(out / "summary.csv").set_index("config")
+    assert (summary.status == "ok").all() and summary.loc["quick", "images_per_s"] > 0
+    assert summary.loc["long", "test_acc"] > 0.3  # 8 steps on 1,024 images; chance is 0.1

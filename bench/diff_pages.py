@@ -1,0 +1,266 @@
+"""Side-by-side pages: each technique script next to its base, aligned, every `# new #` line highlighted.
+
+    python bench/diff_pages.py --out diffs                # then open diffs/index.html in a browser
+    python bench/diff_pages.py --out diffs --results results/cpu-2core results/gpu-h100
+
+Static HTML with inline CSS: no server, no network, no JavaScript. index.html lists every (variant, base) pair under
+src/ with its technique and the speed-up and peak memory measured in the result folders (default: every folder under
+results/ with a summary.csv, newest first); one page per variant shows base and variant side by side. The alignment
+is difflib.SequenceMatcher over the logical lines of bench/check_markers.parse(), the parser the marker checker uses,
+so both see the same statements: unchanged statements face each other, changed ones sit in one row, and each marked
+line carries its explanation in the right-hand column. bench.py writes these pages into every result folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import html
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from check_markers import Parsed, pairs, parse  # noqa: E402
+
+CSS = """
+body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #1f2328; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.1em; margin-top: 1.5em; }
+table { border-collapse: collapse; }
+table.pairs td, table.pairs th { border: 1px solid #d0d7de; padding: 4px 8px; vertical-align: top; text-align: left; }
+table.diff { width: 100%; table-layout: fixed; }
+table.diff td { vertical-align: top; padding: 0; border-bottom: 1px solid #eaeef2; }
+table.diff col.code { width: 40%; } table.diff col.why { width: 20%; }
+table.diff th { text-align: left; padding: 4px 6px; background: #f6f8fa; border-bottom: 1px solid #d0d7de; }
+pre { margin: 0; font: 12px/1.4 ui-monospace, monospace; white-space: pre-wrap; overflow-wrap: anywhere; }
+.l { display: block; padding: 0 6px; } .n { color: #8c959f; display: inline-block; width: 3.5em; user-select: none; }
+.new { background: #dafbe1; border-left: 3px solid #1a7f37; }
+.old { background: #ffebe9; border-left: 3px solid #cf222e; }
+.why { font-size: 12px; color: #1a7f37; padding: 0 8px; }
+.why div { padding: 1px 0; } .legend span { padding: 1px 6px; margin-right: 8px; }
+.muted { color: #656d76; }
+"""
+
+
+@dataclass
+class Segment:
+    """The physical lines a statement owns: the comments and blank lines above it, then the statement itself."""
+
+    first: int  # 1-based, inclusive
+    last: int
+    text: str  # the logical line (tokens joined by spaces); "" for the lines after the last statement
+
+
+def segments(parsed: Parsed, n_lines: int) -> list[Segment]:
+    """Cut a file into one Segment per statement of `parsed`, plus one for any trailing lines."""
+    out, start = [], 1
+    for s in parsed.statements:
+        out.append(Segment(start, s.end, s.text))
+        start = s.end + 1
+    if start <= n_lines:
+        out.append(Segment(start, n_lines, ""))
+    return out
+
+
+def marked_lines(parsed: Parsed) -> dict[int, str]:
+    """Every physical line the variant marks: the lines of marked statements (the first one maps to the marker's
+    explanation, the others to ""), and the comment-only note, begin and end lines (their text explains itself: "")."""
+    lines = dict.fromkeys(parsed.notes, "")
+    for s in parsed.statements:
+        if s.marked:
+            lines.update(dict.fromkeys(range(s.line, s.end + 1), ""))
+            lines[s.line] = s.why
+    return lines
+
+
+def _code(lines: list[str], first: int, last: int, side: str, highlight: dict[int, str] | set[int]) -> str:
+    rows = []
+    for n in range(first, last + 1):
+        css = ("new" if side == "v" else "old") if n in highlight else ""
+        rows.append(
+            f'<span class="l {css}" id="{side}{n}"><span class="n">{n}</span>{html.escape(lines[n - 1])}</span>'
+        )
+    return "<pre>" + "".join(rows) + "</pre>"
+
+
+def page(base: Path, variant: Path, measured: list[dict]) -> str:
+    """The HTML page of one pair: a header with the technique and its measured rows, then the aligned table."""
+    base_lines, variant_lines = base.read_text().splitlines(), variant.read_text().splitlines()
+    base_parsed, variant_parsed = parse(base), parse(variant)
+    base_segs, variant_segs = segments(base_parsed, len(base_lines)), segments(variant_parsed, len(variant_lines))
+    new = marked_lines(variant_parsed)
+    matcher = difflib.SequenceMatcher(None, [s.text for s in base_segs], [s.text for s in variant_segs], autojunk=False)
+    rows = []
+    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+        groups = zip(base_segs[i1:i2], variant_segs[j1:j2], strict=True) if tag == "equal" else [(None, None)]
+        for b, v in groups:
+            if tag == "equal":
+                bsegs, vsegs = [b], [v]
+            else:
+                bsegs, vsegs = base_segs[i1:i2], variant_segs[j1:j2]
+            changed = set() if tag == "equal" else {n for s in bsegs for n in range(s.first, s.last + 1)}
+            left = "".join(_code(base_lines, s.first, s.last, "b", changed) for s in bsegs)
+            right = "".join(_code(variant_lines, s.first, s.last, "v", new) for s in vsegs)
+            notes = [new[n] for s in vsegs for n in range(s.first, s.last + 1) if new.get(n)]
+            why = "".join(f"<div>{html.escape(text)}</div>" for text in dict.fromkeys(notes))  # each text once
+            rows.append(f'<tr class="{tag}"><td>{left}</td><td>{right}</td><td class="why">{why}</td></tr>')
+    title = technique(variant)
+    n_marked = sum(1 for s in variant_parsed.statements if s.marked)
+    return _html(
+        f"{variant.name} vs {base.name}",
+        f'<p><a href="index.html">all techniques</a></p><h1>{html.escape(variant.name)} '
+        f'<span class="muted">vs {html.escape(base.name)}</span></h1>'
+        f"<p>{html.escape(title)}</p>{measured_html(measured)}"
+        f'<p class="legend"><span class="new">added or changed, marked <code># new #</code></span>'
+        f'<span class="old">in the base, replaced or removed</span> {n_marked} marked statements; '
+        f"the right-hand column is the explanation after each marker. Same as "
+        f"<code>diff src/{base.name} src/{variant.name}</code>, aligned on statements.</p>"
+        '<table class="diff"><colgroup><col class="code"><col class="code"><col class="why"></colgroup>'
+        f"<tr><th>{html.escape(base.name)}</th><th>{html.escape(variant.name)}</th><th>why</th></tr>"
+        + "".join(rows)
+        + "</table>",
+    )
+
+
+def technique(variant: Path) -> str:
+    """The first line of the variant's docstring, which names the technique (e.g. "Mixed precision (AMP): ...")."""
+    doc = ast.get_docstring(ast.parse(variant.read_text())) or ""
+    return doc.splitlines()[0] if doc else ""
+
+
+def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
+    """Per script name: its ok rows in the result folders' summary.csv, each with its folder, hardware and
+    speed-up, plus the peak memory of its baseline configuration (GiB), newest folder first."""
+    found: dict[str, list[dict]] = {}
+    folders = []
+    for folder in results:
+        summary, env = folder / "summary.csv", folder / "env.json"
+        if summary.exists():
+            started = json.loads(env.read_text()).get("started", "") if env.exists() else ""
+            folders.append((started, folder, json.loads(env.read_text()) if env.exists() else {}))
+    for _, folder, env in sorted(folders, key=lambda f: f[0], reverse=True):
+        table = pd.read_csv(folder / "summary.csv")
+        by_config = {r["config"]: r for r in table.to_dict("records")}
+        gpus = env.get("gpus") or []
+        hardware = f"{len(gpus)} × {gpus[0]}" if gpus else f"CPU, {env.get('cpu_count', '?')} cores"
+        for r in table.to_dict("records"):
+            if r.get("status") != "ok":
+                continue
+            base = by_config.get(r.get("baseline"), {})
+            found.setdefault(r["script"], []).append(
+                {
+                    "folder": folder.resolve().relative_to(REPO) if folder.resolve().is_relative_to(REPO) else folder,
+                    "hardware": hardware,
+                    "config": r["config"],
+                    "baseline": r.get("baseline"),
+                    "images_per_s": r.get("images_per_s"),
+                    "speedup": r.get("speedup"),
+                    "mem": _memory(r),
+                    "base_mem": _memory(base),
+                }
+            )
+    return found
+
+
+def _memory(row: dict) -> str:
+    for key, label in (("peak_mem_allocated_gib", "peak allocated"), ("peak_host_rss_gib", "host RSS")):
+        value = row.get(key)
+        if value is not None and pd.notna(value):
+            return f"{label} {float(value):.2f} GiB"
+    return "–"
+
+
+def measured_html(rows: list[dict]) -> str:
+    if not rows:
+        return '<p class="muted">Not measured in the result folders given: run <code>bash run_all.sh</code>.</p>'
+    items = []
+    for r in rows:
+        speed = f"{r['speedup']:.2f}×" if pd.notna(r["speedup"]) else "–"
+        items.append(
+            f"<li><b>{speed}</b> images/s of <i>{html.escape(str(r['baseline']))}</i> "
+            f"({float(r['images_per_s']):.1f} images/s), {html.escape(r['mem'])} "
+            f"(baseline {html.escape(r['base_mem'])}): <i>{html.escape(r['config'])}</i>, {html.escape(r['hardware'])}, "
+            f"<code>{html.escape(str(r['folder']))}</code></li>"
+        )
+    return "<ul>" + "".join(items) + "</ul>"
+
+
+def _html(title: str, body: str) -> str:
+    return (
+        f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{CSS}</style></head><body>{body}</body></html>\n"
+    )
+
+
+def page_name(variant: Path) -> str:
+    return f"diff-{variant.stem}.html"
+
+
+def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src") -> list[Path]:
+    """Write index.html and one page per pair into `out` (atomically, each file); return the paths written."""
+    if results is None:
+        results = sorted(p.parent for p in (REPO / "results").glob("*/summary.csv"))
+    measured = measured_rows(results)
+    out.mkdir(parents=True, exist_ok=True)
+    written, items = [], []
+    for base, variant in pairs(src):
+        rows = measured.get(variant.name, [])
+        written.append(_write(out / page_name(variant), page(base, variant, rows)))
+        best = rows[0] if rows else None
+        effect = (
+            f"{best['speedup']:.2f}× ({html.escape(best['config'])}, {html.escape(best['hardware'])}); "
+            f"{html.escape(best['mem'])} vs {html.escape(best['base_mem'])}"
+            if best is not None and pd.notna(best["speedup"])
+            else '<span class="muted">not measured</span>'
+        )
+        items.append(
+            f'<tr><td><a href="{page_name(variant)}">{html.escape(variant.name)}</a></td>'
+            f"<td>{html.escape(base.name)}</td><td>{html.escape(technique(variant))}</td><td>{effect}</td></tr>"
+        )
+    index = _html(
+        "Techniques side by side",
+        "<h1>PyTorch training speed-ups, side by side</h1><p>Each page shows a technique script next to its base "
+        "script, aligned statement by statement, with every line marked <code># new #</code> highlighted and its "
+        "explanation beside it. Speed-up: images/s over the base configuration's, from the newest result folder "
+        f"that measured it ({len(results)} folder(s) read).</p>"
+        '<table class="pairs"><tr><th>variant</th><th>base</th><th>technique</th><th>measured effect</th></tr>'
+        + "".join(items)
+        + "</table>",
+    )
+    written.append(_write(out / "index.html", index))
+    return written
+
+
+def _write(path: Path, text: str) -> Path:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="folder for index.html and the pages")
+    parser.add_argument(
+        "--results", type=Path, nargs="*", default=None, help="result folders with summary.csv (default: results/*)"
+    )
+    args = parser.parse_args()
+    for folder in args.results or []:
+        if not (folder / "summary.csv").is_file():
+            parser.error(f"{folder} has no summary.csv (a folder written by bench/bench.py)")
+    try:
+        written = write(args.out, args.results)
+    except OSError as error:
+        parser.error(f"cannot write into --out {args.out}: {error}")
+    print(f"diff_pages: {len(written) - 1} page(s) and {args.out / 'index.html'}")
+
+
+if __name__ == "__main__":
+    main()

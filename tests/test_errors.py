@@ -1,0 +1,135 @@
+"""Bad input at every entry point: one line on stderr that says what is wrong and how to fix it, a non-zero exit,
+no traceback, no hang (each case is a real subprocess with a timeout).
+
+Cases already covered next to their feature: train.py's parser values, missing --data-dir and --subset smaller
+than a batch (test_common.py); the loaders' missing / empty / image-less folders, corrupt and non-image files,
+batch larger than the folder and DALI not installed (test_loaders.py); DDP without torchrun and nccl on CPU
+(test_variants.py); the bench's unknown profile and --repeats 0 (test_bench.py).
+"""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import REPO, assert_one_line_error, run
+
+TRAIN = ["src/train.py", "src/train_DP.py", "src/train_amp.py"]
+ALL = [*TRAIN, "src/train_DDP.py", "src/loader.py", "src/loader_DALI.py"]
+CPU = ["--device", "cpu", "--workers", "0"]
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
+
+
+def torchrun(*argv, timeout=300):
+    """torchrun with one process; its agent prints its own failure report after the worker's one-line error."""
+    return subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", *map(str, argv)],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def assert_worker_error(proc, *fragments):
+    """Under torchrun: non-zero exit, the script's one error line, and no traceback from the project's code."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if "train_DDP.py: error: " in line]
+    assert lines, proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    assert 'src/train_DDP.py", line' not in proc.stderr and 'common.py", line' not in proc.stderr
+
+
+@pytest.mark.parametrize("script", [s for s in ALL if s != "src/train.py"])  # train.py: test_common.py
+@pytest.mark.parametrize(
+    "flags, fragment",
+    [
+        (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
+        (["--epochs", "-1"], "argument --epochs: must be a positive integer, got -1"),
+        (["--lr", "0"], "argument --lr: must be a positive number, got 0"),
+        (["--model", "vgg16"], "argument --model: invalid choice: 'vgg16'"),
+    ],
+)
+def test_non_positive_numbers_and_unknown_models_are_usage_errors(script, flags, fragment):
+    proc = run(script, *CPU, *flags, timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, fragment)
+
+
+@pytest.mark.parametrize("script", TRAIN[1:])  # train.py: test_common.py
+def test_missing_data_dir_is_one_line(script, tmp_path):
+    proc = run(script, *CPU, "--data-dir", tmp_path / "nope", timeout=120)
+    assert_one_line_error(proc, f"--data-dir {tmp_path / 'nope'} does not exist", "apt-get install")
+
+
+@pytest.mark.parametrize("script", TRAIN)
+def test_data_dir_without_fashion_mnist_is_one_line(script, tmp_path):
+    """An empty folder, and a folder of other files: both name the four files it lacks and how to get them."""
+    assert_one_line_error(run(script, *CPU, "--data-dir", tmp_path, timeout=120), "lacks the Fashion-MNIST files")
+    (tmp_path / "notes.txt").write_text("not a dataset")
+    (tmp_path / "picture.jpg").write_bytes(b"\xff\xd8\xff")
+    proc = run(script, *CPU, "--data-dir", tmp_path, timeout=120)
+    assert_one_line_error(proc, "lacks the Fashion-MNIST files", "train-images-idx3-ubyte.gz")
+
+
+@pytest.mark.parametrize("script", TRAIN[1:])  # train.py: test_common.py
+def test_subset_smaller_than_one_batch_is_refused(script):
+    proc = run(script, *CPU, "--subset", "100", "--batch-size", "128", timeout=120)
+    assert_one_line_error(proc, "--batch-size 128 is larger than the 100 training images", "raise --subset")
+
+
+@no_cuda
+@pytest.mark.parametrize("script", [s for s in ALL if s != "src/train_DDP.py"])
+def test_device_cuda_without_cuda_is_one_line(script):
+    proc = run(script, "--device", "cuda", "--epochs", "1", timeout=120)
+    assert_one_line_error(proc, "--device cuda was given but torch sees no CUDA GPU", "use --device cpu")
+
+
+@no_cuda
+def test_ddp_device_cuda_without_cuda_is_one_line_from_the_worker():
+    proc = torchrun("src/train_DDP.py", "--device", "cuda", "--subset", "1024")
+    assert_worker_error(proc, "--device cuda was given but torch sees no CUDA GPU")
+
+
+def test_ddp_missing_data_dir_is_one_line_from_the_worker(tmp_path):
+    proc = torchrun("src/train_DDP.py", *CPU, "--data-dir", tmp_path / "nope")
+    assert_worker_error(proc, "does not exist")
+
+
+@pytest.mark.parametrize("flag", ["--metrics-out", "--checkpoint-dir"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_training(flag, tmp_path):
+    (tmp_path / "a-file").write_text("")
+    proc = run("src/train.py", *CPU, flag, tmp_path / "a-file" / "sub" / "m.json", timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, f"{flag}: cannot create")
+
+
+def test_out_of_memory_is_one_line_with_advice():
+    """A batch of 64 synthetic 3 x 30000 x 30000 images (691 GB) cannot be allocated: exit 3, not a traceback."""
+    proc = run("src/train.py", *CPU, "--dataset", "synthetic", "--image-size", "30000", "--batch-size", "64")
+    assert proc.returncode == 3
+    assert_one_line_error(proc, "out of memory", "lower --batch-size")
+
+
+def test_bench_bad_matrix_and_out_are_one_line(tmp_path):
+    proc = run("bench/bench.py", "--matrix", tmp_path / "missing.toml", "--out", tmp_path / "o", timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "cannot read the matrix")
+    (tmp_path / "broken.toml").write_text("[smoke\nruns = ")
+    proc = run("bench/bench.py", "--matrix", tmp_path / "broken.toml", "--profile", "smoke", timeout=120)
+    assert_one_line_error(proc, "cannot read the matrix")
+    (tmp_path / "a-file").write_text("")
+    proc = run("bench/bench.py", "--profile", "smoke", "--out", tmp_path / "a-file" / "sub", timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "cannot create --out")
+    proc = run("bench/bench.py", "--profile", "smoke", "--only", "no-such-row", timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "no configuration of profile 'smoke' matches --only no-such-row")
+
+
+def test_run_all_with_a_bad_flag_is_one_line():
+    """run_all.sh's set-up finds everything installed, then the bench refuses the profile in one line."""
+    proc = subprocess.run(
+        ["bash", "run_all.sh", "--profile", "no-such-profile"], cwd=REPO, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "profile 'no-such-profile' is not in")
