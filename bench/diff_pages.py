@@ -99,12 +99,11 @@ def page(base: Path, variant: Path, measured: list[dict]) -> str:
     matcher = difflib.SequenceMatcher(None, [s.text for s in base_segs], [s.text for s in variant_segs], autojunk=False)
     rows = []
     for tag, i1, i2, j1, j2 in matcher.get_opcodes():
-        groups = zip(base_segs[i1:i2], variant_segs[j1:j2], strict=True) if tag == "equal" else [(None, None)]
-        for b, v in groups:
-            if tag == "equal":
-                bsegs, vsegs = [b], [v]
-            else:
-                bsegs, vsegs = base_segs[i1:i2], variant_segs[j1:j2]
+        if tag == "equal":  # one row per unchanged statement, facing its twin
+            blocks = [([b], [v]) for b, v in zip(base_segs[i1:i2], variant_segs[j1:j2], strict=True)]
+        else:  # one row for the whole change: what the base had, what the variant has
+            blocks = [(base_segs[i1:i2], variant_segs[j1:j2])]
+        for bsegs, vsegs in blocks:
             changed = set() if tag == "equal" else {n for s in bsegs for n in range(s.first, s.last + 1)}
             left = "".join(_code(base_lines, s.first, s.last, "b", changed) for s in bsegs)
             right = "".join(_code(variant_lines, s.first, s.last, "v", new) for s in vsegs)
