@@ -135,7 +135,7 @@ for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # new #
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    done = step - epoch * len(train_loader)  # new # > 0 only in an epoch resumed mid-way: skip the batches it ran
+    done = max(0, step - epoch * len(train_loader))  # new # > 0 only in an epoch resumed mid-way: skip its first steps
     for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # new #
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)

@@ -110,3 +110,19 @@ def test_without_the_flag_deterministic_algorithms_stay_off(tmp_path):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads((tmp_path / "m.json").read_text())["env"]["deterministic_algorithms"] is False
+
+
+def test_ddp_resumes_a_run_that_max_steps_cut_mid_epoch(tmp_path):
+    """--max-steps 10 ends epoch 1 after 10 of its 16 steps; --resume then runs epoch 2 whole (nothing to skip)."""
+    flags = [*TORCHRUN[:5], "1", "src/train_DDP.py", *DDP[1:6], "2048", "--batch-size", "128", "--epochs", "2",
+             "--log-every", "1000", "--checkpoint-dir", tmp_path]  # fmt: skip
+    first = subprocess.run([*flags, "--max-steps", "10"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    second = subprocess.run(
+        [*flags, "--resume", "--metrics-out", tmp_path / "m.json"], cwd=REPO, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert "resumed from" in second.stdout and "1 epochs and 10 steps done" in second.stdout
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["steps"] == 10 + 16 and [e["epoch"] for e in metrics["epochs"]] == [1, 2]
