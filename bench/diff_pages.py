@@ -18,7 +18,6 @@ import ast
 import difflib
 import html
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,9 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(REPO / "src"))
 
+import common  # noqa: E402
 from check_markers import Parsed, pairs, parse  # noqa: E402
 
 CSS = """
@@ -238,9 +239,7 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
 
 
 def _write(path: Path, text: str) -> Path:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    common.atomic_write_text(path, text)
     return path
 
 
