@@ -1,7 +1,7 @@
 """Benchmark runner: every configuration of a profile as a subprocess, repeated, then tables and plots.
 
     python bench/bench.py --profile smoke --out /tmp/smoke          # CPU, seconds per run (what the tests run)
-    python bench/bench.py --profile cpu --out results/cpu-2core     # a 2-core laptop, about 10 minutes
+    python bench/bench.py --profile cpu --out results/cpu-2core     # a 2-core laptop, about 13 minutes
     python bench/bench.py --profile auto                            # gpu when CUDA is present, else cpu
     python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: only what is missing
 
@@ -11,8 +11,11 @@ its metrics JSON in OUT/metrics/; a run that fails, runs out of memory or times 
 (or a crash of the runner) keeps the finished rows, and --resume skips the runs that are already there. Writes into
 OUT, each file atomically:
 runs.csv (one row per run), summary.csv (one row per configuration: median and min-max over the repeats, speed-up
-vs its baseline), table.md, env.json, the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png, and
-index.html with one side-by-side page per technique (bench/diff_pages.py) showing this run's speed-ups.
+vs its baseline, over its rung's base, of its ceiling, and what limited it), table.md, ladder.md and ladder.png (the
+profile's speed-up ladders: each rung with its speed-up over its base and over the first rung), env.json (versions,
+hardware, CPU instruction sets, git commit), the plots throughput.png, accuracy_vs_time.png, memory.png,
+data_wait.png, and index.html with one side-by-side page per technique (bench/diff_pages.py) with this run's
+speed-ups.
 """
 
 from __future__ import annotations
@@ -62,6 +65,11 @@ RUN_FIELDS = [
     "technique",
     *CONFIG_FIELDS,
     "images_per_s",
+    "images_per_s_note",
+    "first_step_s",
+    "compile_s",
+    "time_to_target_incl_compile_s",
+    "allreduces_per_step",
     "step_ms_p50",
     "step_ms_p90",
     "data_wait_frac",
@@ -75,6 +83,10 @@ RUN_FIELDS = [
 ]
 MEDIAN_FIELDS = [
     "images_per_s",
+    "first_step_s",
+    "compile_s",
+    "time_to_target_incl_compile_s",
+    "allreduces_per_step",
     "step_ms_p50",
     "step_ms_p90",
     "data_wait_frac",
@@ -85,6 +97,9 @@ MEDIAN_FIELDS = [
     "time_to_target_s",
     "train_s",
 ]
+
+
+INPUT_BOUND = 0.25  # data-wait fraction from which a run counts as limited by its input
 
 
 def fail(message: str) -> None:
@@ -102,13 +117,14 @@ def load_profile(matrix: Path, profile: str) -> dict:
         fail(f"profile {profile!r} is not in {matrix} (it has: {', '.join(profiles)})")
     table = profiles[profile]
     runs = table.get("runs", [])
+    shared = table.get("args", [])  # the profile's flags for every row, before the row's own (which win)
     names = [run.get("name") for run in runs]
     if not runs or None in names or len(set(names)) != len(names):
         fail(f"profile {profile!r} in {matrix} needs runs, each with a unique name")
     for run in runs:
         if "script" not in run:
             fail(f"run {run['name']!r} in {matrix} has no script")
-        run.setdefault("args", [])
+        run["args"] = [*shared, *run.get("args", [])]
         run.setdefault("launcher", "python")
         run.setdefault("repeats", table.get("repeats", 1))
         run.setdefault("timeout_s", table.get("timeout_s", 600))
@@ -211,6 +227,8 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int) -> dict:
     else:
         record = json.loads(metrics.read_text())
         row.update({key: record.get(key) for key in RUN_FIELDS}, status=record.get("status", "ok"), reason="")
+        if record.get("images_per_s") is None:
+            row["reason"] = record.get("images_per_s_note") or "images/s not measured"
         row["epochs"] = json.dumps(record.get("epochs", []))
     return row
 
@@ -224,14 +242,18 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
         row = {
             "config": run["name"],
             "script": Path(run["script"]).name,
+            "technique": None,
             "note": run.get("note", ""),
             "baseline": run.get("baseline", ""),
+            "ladder": run.get("ladder", ""),
+            "rung_base": run.get("rung_base", ""),
+            "ceiling": run.get("ceiling", ""),
             "runs_ok": len(ok),
             "runs": len(mine),
         }
         if len(ok):
             first = ok.iloc[0]
-            row.update({key: first.get(key) for key in CONFIG_FIELDS})
+            row.update({key: first.get(key) for key in CONFIG_FIELDS}, technique=first.get("technique"))
             for key in MEDIAN_FIELDS:
                 values = pd.to_numeric(ok[key], errors="coerce").dropna() if key in ok else pd.Series(dtype=float)
                 row[key] = values.median() if len(values) else None
@@ -255,19 +277,48 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
         speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
         for c, b in zip(summary.config, summary.baseline, strict=True)
     ]
+    summary["speedup_rung"] = [
+        speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
+        for c, b in zip(summary.config, summary.rung_base, strict=True)
+    ]
+    summary["of_ceiling"] = [
+        speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
+        for c, b in zip(summary.config, summary.ceiling, strict=True)
+    ]
+    summary["limited_by"] = [limited_by(w) for w in pd.to_numeric(summary.data_wait_frac, errors="coerce")]
     return summary
 
 
+def limited_by(data_wait: float) -> str:
+    """ "input" when the steps waited for data 25 % of the time or more, else "compute" (the device and the host's
+    queueing of its work); "–" when not measured. A loader-only row is input by construction."""
+    if data_wait is None or pd.isna(data_wait):
+        return "–"
+    return "input" if data_wait >= INPUT_BOUND else "compute"
+
+
+def cpu_line(env: dict) -> str:
+    """The CPU, its core count and whether it has bf16 instructions (which decide whether bf16 autocast is fast)."""
+    flags = ", ".join(env.get("cpu_flags") or []) or "none of avx2/avx512f/avx512_bf16/amx"
+    bf16 = "with" if env.get("bf16_instructions") else "without"
+    return f"{env.get('cpu_model') or env.get('cpu')}, {env['cpu_count']} cores, {bf16} bf16 instructions ({flags})"
+
+
 def hardware_line(env: dict) -> str:
-    """One line naming the hardware and versions, for the table's header."""
+    """One line naming the hardware, versions and commit, for the table's header."""
     if env["gpu_count"]:
         names = sorted(set(env["gpus"]))
-        hw = f"{env['gpu_count']} × {' + '.join(names)}, {env['cpu_count']} CPU cores"
+        info = (env.get("gpu_info") or [{}])[0]
+        driver = f", driver {info['driver']}" if info.get("driver") else ""
+        hw = f"{env['gpu_count']} × {' + '.join(names)}{driver} · CPU: {cpu_line(env)}"
     else:
-        hw = f"CPU only: {env['cpu_count']} cores ({env['cpu']}), no GPU"
+        hw = f"CPU only: {cpu_line(env)}, no GPU"
+    git = env.get("git") or {}
+    commit = (git.get("commit") or "unknown")[:10] + (" (dirty)" if git.get("dirty") else "")
     return (
         f"{hw} · torch {env['torch']} · torchvision {env['torchvision']} · CUDA {env['cuda'] or '–'} · "
-        f"cuDNN {env['cudnn'] or '–'} · DALI {env['dali'] or '–'} · Python {env['python']} · host {env['hostname']}"
+        f"cuDNN {env['cudnn'] or '–'} · DALI {env['dali'] or '–'} · Python {env['python']} · host {env['hostname']} · "
+        f"commit {commit}"
     )
 
 
@@ -281,18 +332,26 @@ def _fmt(value, spec: str, scale: float = 1.0, missing: str = "–") -> str:
 
 
 def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str) -> str:
-    """table.md: hardware and versions in the header, then the training table and the input-pipeline table."""
-    is_loader = summary.script.astype(str).str.startswith("loader")
+    """table.md: hardware, versions and commit in the header, then the ladder(s), the training table and the
+    input-pipeline table."""
+    is_loader = (
+        summary.script.astype(str).str.startswith("loader")
+        | summary.get("loader", pd.Series(index=summary.index, dtype=object)).notna().to_numpy()
+    )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (
         f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n"
         f"images/s: global (summed over processes), steady state (warm-up steps excluded), median over {repeats} "
-        "(min–max in brackets when repeated). Speed-up: median images/s over the baseline configuration's. "
-        "World size: processes; GPUs: devices the run used (0 on CPU). "
-        "Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
-        "Fashion-MNIST test images after the last epoch (loaders: over the folder's val/ images).\n\n"
+        '(min–max in brackets when repeated); "not measured" when a run had no step after its warm-up. Speed-up: '
+        "median images/s over the baseline configuration's. Limited by: input when the steps waited for data "
+        f"{100 * INPUT_BOUND:.0f} % of the time or more, else compute. World size: processes; GPUs: devices the run "
+        "used (0 on CPU). Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
+        "Fashion-MNIST test images after the last epoch (loaders: over the folder's val/ images). First step: "
+        "seconds of the first training step, where torch.compile compiles (its `compile_s`), cuDNN autotunes and "
+        "workers start; time to target leaves compile_s out, the column after it includes it. On CPU, bfloat16 "
+        "autocast is native with bf16 instructions and emulated (slow) without: see the CPU line above.\n\n"
     )
-    text = header
+    text = header + ladder_markdown(summary)
     if (~is_loader).any():
         text += "## Training scripts\n\n" + _training_table(summary[~is_loader]) + "\n"
     if is_loader.any():
@@ -300,19 +359,91 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
     return text
 
 
+def ladder_markdown(summary: pd.DataFrame) -> str:
+    """One table per ladder of the profile (rows with `ladder = NAME`, in matrix order): each rung's images/s, its
+    speed-up over its base rung (the lesson of that step) and over the ladder's first rung (cumulative), peak memory,
+    test accuracy and time to the target accuracy."""
+    text = ""
+    ladder = summary.ladder.map(_text)
+    for name, rungs in summary[ladder != ""].groupby(ladder[ladder != ""], sort=False):
+        rows = []
+        first = rungs.iloc[0]
+        for r in rungs.to_dict("records"):
+            on_cpu = r.get("device") == "cpu"
+            cumulative = _ratio(r.get("images_per_s"), first.get("images_per_s"))
+            rows.append(
+                {
+                    "rung": r["config"],
+                    "technique": r.get("technique") or "–",
+                    "precision": r.get("precision") or "–",
+                    "images/s": _images_per_s(r),
+                    "× its base": _x(r.get("speedup_rung"))
+                    + (f" ({_text(r.get('rung_base'))})" if _text(r.get("rung_base")) else ""),
+                    f"× {first['script']}": _x(cumulative),
+                    "of its ceiling": _fmt(r.get("of_ceiling"), ".0f", 100) + " %"
+                    if pd.notna(r.get("of_ceiling"))
+                    else "–",
+                    "limited by": r.get("limited_by") or "–",
+                    "peak mem (GiB)": ("host " + _fmt(r.get("peak_host_rss_gib"), ".2f"))
+                    if on_cpu
+                    else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                    "test acc": _acc(r),
+                    "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),
+                    "incl. compile (s)": _fmt(r.get("time_to_target_incl_compile_s"), ".1f"),
+                    "status": _status(r),
+                }
+            )
+        table = pd.DataFrame(rows)
+        table = table[[c for c in table.columns if c == "rung" or (table[c] != "–").any()]]  # drop empty columns
+        text += f"## Ladder: {name}\n\n" + table.to_markdown(index=False) + "\n\n"
+    return text
+
+
+def _ratio(a, b):
+    try:
+        a, b = float(a), float(b)
+    except (TypeError, ValueError):
+        return None
+    return a / b if b and not pd.isna(a) and not pd.isna(b) else None
+
+
+def _x(value) -> str:
+    return _fmt(value, ".2f") + ("×" if value is not None and pd.notna(value) else "")
+
+
+def _acc(r: dict) -> str:
+    if r.get("dataset") == "synthetic":
+        return "synthetic"
+    if str(r.get("loader_only")).lower() == "true":
+        return "–"
+    return _fmt(r.get("test_acc"), ".2f", 100) + (" %" if pd.notna(r.get("test_acc")) else "")
+
+
 def _images_per_s(r: dict) -> str:
+    if r.get("status") == "ok" and (r.get("images_per_s") is None or pd.isna(r.get("images_per_s"))):
+        return "not measured"
     ips = _fmt(r.get("images_per_s"), ".1f")
     if r.get("runs_ok", 0) > 1:
         ips += f" ({_fmt(r.get('images_per_s_min'), '.0f')}–{_fmt(r.get('images_per_s_max'), '.0f')})"
     return ips
 
 
+def _text(value) -> str:
+    """A table cell's text: "" for None and NaN (what an empty cell of a CSV reads back as)."""
+    return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)
+
+
 def _status(r: dict) -> str:
-    return r["status"] + (f": {r['reason']}" if r.get("reason") else "") + (f" ({r['note']})" if r.get("note") else "")
+    reason, note = _text(r.get("reason")), _text(r.get("note"))
+    return r["status"] + (f": {reason}" if reason else "") + (f" ({note})" if note else "")
+
+
+def _wait(r: dict) -> str:
+    return _fmt(r.get("data_wait_frac"), ".1f", 100) + (" %" if pd.notna(r.get("data_wait_frac")) else "")
 
 
 def _loader_table(summary: pd.DataFrame) -> str:
-    """One row per loader configuration: pipeline, workers / threads, loader-only or end to end, data-wait."""
+    """One row per input-pipeline configuration: pipeline, workers / threads, loader-only or end to end, data-wait."""
     rows = []
     for r in summary.to_dict("records"):
         loader_only = str(r.get("loader_only")).lower() == "true"
@@ -320,6 +451,7 @@ def _loader_table(summary: pd.DataFrame) -> str:
         rows.append(
             {
                 "configuration": r["config"],
+                "script": r["script"],
                 "pipeline": r.get("loader") or "–",
                 "workers / threads": _fmt(r.get("workers"), ".0f"),
                 "measures": "loader only" if loader_only else f"end to end ({r.get('model') or '–'})",
@@ -329,15 +461,13 @@ def _loader_table(summary: pd.DataFrame) -> str:
                 "batch": _fmt(r.get("global_batch"), ".0f"),
                 "precision": "–" if loader_only else r.get("precision") or "–",
                 "images/s": _images_per_s(r),
-                "speed-up": _fmt(r.get("speedup"), ".2f") + ("×" if pd.notna(r.get("speedup")) else ""),
+                "speed-up": _x(r.get("speedup")),
                 "step p50 (ms)": _fmt(r.get("step_ms_p50"), ".1f"),
-                "data-wait": _fmt(r.get("data_wait_frac"), ".1f", 100)
-                + (" %" if pd.notna(r.get("data_wait_frac")) else ""),
+                "data-wait": _wait(r),
+                "limited by": r.get("limited_by") or "–",
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                 "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
-                "test acc": "–"
-                if loader_only
-                else _fmt(r.get("test_acc"), ".2f", 100) + (" %" if pd.notna(r.get("test_acc")) else ""),
+                "test acc": _acc(r),
                 "status": _status(r),
             }
         )
@@ -348,12 +478,11 @@ def _training_table(summary: pd.DataFrame) -> str:
     """One row per training configuration."""
     rows = []
     for r in summary.to_dict("records"):
-        synthetic = r.get("dataset") == "synthetic"
-        ips = _images_per_s(r)
         on_cpu = r.get("device") == "cpu"
         rows.append(
             {
                 "configuration": r["config"],
+                "script": r["script"],
                 "model": r.get("model") or "–",
                 "data": r.get("dataset") or "–",
                 "device": r.get("device") or "–",
@@ -361,18 +490,18 @@ def _training_table(summary: pd.DataFrame) -> str:
                 "GPUs": _fmt(r.get("gpus"), ".0f"),
                 "global batch": _fmt(r.get("global_batch"), ".0f"),
                 "precision": r.get("precision") or "–",
-                "images/s": ips,
-                "speed-up": _fmt(r.get("speedup"), ".2f") + ("×" if pd.notna(r.get("speedup")) else ""),
+                "images/s": _images_per_s(r),
+                "speed-up": _x(r.get("speedup")),
                 "step p50 (ms)": _fmt(r.get("step_ms_p50"), ".1f"),
-                "data-wait": _fmt(r.get("data_wait_frac"), ".1f", 100)
-                + (" %" if pd.notna(r.get("data_wait_frac")) else ""),
+                "data-wait": _wait(r),
+                "limited by": r.get("limited_by") or "–",
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                 "peak reserved (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_reserved_gib"), ".2f"),
                 "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
-                "test acc": "synthetic"
-                if synthetic
-                else _fmt(r.get("test_acc"), ".2f", 100) + (" %" if pd.notna(r.get("test_acc")) else ""),
+                "test acc": _acc(r),
+                "first step (s)": _fmt(r.get("first_step_s"), ".1f"),
                 "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),
+                "incl. compile (s)": _fmt(r.get("time_to_target_incl_compile_s"), ".1f"),
                 "status": _status(r),
             }
         )
@@ -455,6 +584,32 @@ def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> No
     ax.set_title(f"Data-wait vs compute: {title}")
     ax.legend(fontsize=8)
     _save(fig, out / "data_wait.png")
+    plot_ladders(summary, out, title)
+
+
+def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
+    """ladder.png: one panel per ladder, images/s per rung, labelled with × its base rung and × the first rung."""
+    ladder = summary.ladder.map(_text)
+    ladders = list(summary[ladder != ""].groupby(ladder[ladder != ""], sort=False))
+    if not ladders:
+        return
+    fig, axes = plt.subplots(len(ladders), 1, figsize=(10, 1.2 + 2.2 * len(ladders)), squeeze=False)
+    for ax, (name, rungs) in zip(axes[:, 0], ladders, strict=True):
+        ips = pd.to_numeric(rungs.images_per_s, errors="coerce").fillna(0)
+        first = ips.iloc[0] or float("nan")
+        bars = ax.barh([str(r.config)[:60] for r in rungs.itertuples()], ips, color="tab:green")
+        labels = [
+            f"{_x(r.speedup_rung)} base, {_x(v / first)} cumulative" if v else "not measured"
+            for r, v in zip(rungs.itertuples(), ips, strict=True)
+        ]
+        ax.bar_label(bars, labels, padding=4, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"Ladder: {name}", fontsize=10)
+        ax.set_xlabel("images/s")
+        ax.set_xlim(0, max(ips.max(), 1) * 1.45)
+    fig.suptitle(f"Speed-up ladder: {title}", fontsize=11)
+    fig.tight_layout()
+    _save(fig, out / "ladder.png")
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -495,6 +650,12 @@ def main() -> None:
     if args.repeats:
         for run in matrix:
             run["repeats"] = args.repeats
+    bf16 = common.cpu_info()["bf16_instructions"]
+    for run in matrix:
+        if run.get("without_bf16") and not bf16:  # emulated bfloat16 is several times slower: run it shorter
+            run["args"] = [*run["args"], *map(str, run["without_bf16"])]
+            shorter = " ".join(map(str, run["without_bf16"]))
+            run["note"] = (run.get("note", "") + f" shortened ({shorter}): this CPU has no bf16 instructions").strip()
     out = args.out or REPO / "results" / "local" / profile
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -507,7 +668,9 @@ def main() -> None:
     env = {
         **common.environment(),
         "profile": profile,
-        "matrix": str(args.matrix),
+        "matrix": str(args.matrix.resolve().relative_to(REPO))
+        if args.matrix.resolve().is_relative_to(REPO)
+        else str(args.matrix),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
     }
@@ -551,6 +714,11 @@ def main() -> None:
     repeats = sorted({run["repeats"] for run in matrix})
     table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)")
     common.atomic_write_text(out / "table.md", table_md)
+    ladders = ladder_markdown(summary)
+    if ladders:
+        common.atomic_write_text(
+            out / "ladder.md", f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{ladders}"
+        )
     plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}")
     diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
     print(table_md)

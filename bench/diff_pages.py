@@ -3,19 +3,19 @@
     python bench/diff_pages.py --out diffs                # then open diffs/index.html in a browser
     python bench/diff_pages.py --out diffs --results results/cpu-2core results/gpu-h100
 
-Static HTML with inline CSS: no server, no network, no JavaScript. index.html lists every (variant, base) pair under
-src/ with its technique and the speed-up and peak memory measured in the result folders (default: every folder under
-results/ with a summary.csv, newest first); one page per variant shows base and variant side by side. The alignment
-is difflib.SequenceMatcher over the logical lines of bench/check_markers.parse(), the parser the marker checker uses,
-so both see the same statements: unchanged statements face each other, changed ones sit in one row, and each marked
-line carries its explanation in the right-hand column. bench.py writes these pages into every result folder.
+Static HTML with inline CSS: no server, no network, no JavaScript. index.html shows the chains of variants as a tree
+(each variant under the base it declares) and lists every (variant, base) pair with its technique and every speed-up
+and peak memory measured in the result folders (default: every folder under results/ with a summary.csv, newest
+first; per folder, the largest model first); one page per variant shows base and variant side by side. The alignment
+is the marker checker's (bench/check_markers.py: its parser and its minimal diff of logical lines), so both see the
+same statements: unchanged statements face each other, changed ones sit in one row, and each line the variant marks
+as new relative to its base carries its explanation in the right-hand column (markers inherited from earlier rungs are
+shown as plain lines). bench.py writes these pages into every result folder.
 """
 
 from __future__ import annotations
 
 import argparse
-import ast
-import difflib
 import html
 import json
 import sys
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO / "src"))
 
 import common  # noqa: E402
-from check_markers import Parsed, pairs, parse  # noqa: E402
+from check_markers import Parsed, compare, opcodes, pairs, parse, title, tree  # noqa: E402
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #1f2328; }
@@ -70,17 +70,6 @@ def segments(parsed: Parsed, n_lines: int) -> list[Segment]:
     return out
 
 
-def marked_lines(parsed: Parsed) -> dict[int, str]:
-    """Every physical line the variant marks: the lines of marked statements (the first one maps to the marker's
-    explanation, the others to ""), and the comment-only note, begin and end lines (their text explains itself: "")."""
-    lines = dict.fromkeys(parsed.notes, "")
-    for s in parsed.statements:
-        if s.marked:
-            lines.update(dict.fromkeys(range(s.line, s.end + 1), ""))
-            lines[s.line] = s.why
-    return lines
-
-
 def _code(lines: list[str], first: int, last: int, side: str, highlight: dict[int, str] | set[int]) -> str:
     rows = []
     for n in range(first, last + 1):
@@ -96,10 +85,9 @@ def page(base: Path, variant: Path, measured: list[dict]) -> str:
     base_lines, variant_lines = base.read_text().splitlines(), variant.read_text().splitlines()
     base_parsed, variant_parsed = parse(base), parse(variant)
     base_segs, variant_segs = segments(base_parsed, len(base_lines)), segments(variant_parsed, len(variant_lines))
-    new = marked_lines(variant_parsed)
-    matcher = difflib.SequenceMatcher(None, [s.text for s in base_segs], [s.text for s in variant_segs], autojunk=False)
+    new = compare(base, variant).new_lines
     rows = []
-    for tag, i1, i2, j1, j2 in matcher.get_opcodes():
+    for tag, i1, i2, j1, j2 in opcodes([s.text for s in base_segs], [s.text for s in variant_segs]):
         if tag == "equal":  # one row per unchanged statement, facing its twin
             blocks = [([b], [v]) for b, v in zip(base_segs[i1:i2], variant_segs[j1:j2], strict=True)]
         else:  # one row for the whole change: what the base had, what the variant has
@@ -111,13 +99,13 @@ def page(base: Path, variant: Path, measured: list[dict]) -> str:
             notes = [new[n] for s in vsegs for n in range(s.first, s.last + 1) if new.get(n)]
             why = "".join(f"<div>{html.escape(text)}</div>" for text in dict.fromkeys(notes))  # each text once
             rows.append(f'<tr class="{tag}"><td>{left}</td><td>{right}</td><td class="why">{why}</td></tr>')
-    title = technique(variant)
-    n_marked = sum(1 for s in variant_parsed.statements if s.marked)
+    heading = technique(variant)
+    n_marked = len({n for n, why in new.items() if n in {s.line for s in variant_parsed.statements}})
     return _html(
         f"{variant.name} vs {base.name}",
         f'<p><a href="index.html">all techniques</a></p><h1>{html.escape(variant.name)} '
         f'<span class="muted">vs {html.escape(base.name)}</span></h1>'
-        f"<p>{html.escape(title)}</p>{measured_html(measured)}"
+        f"<p>{html.escape(heading)}</p>{measured_html(measured)}"
         f'<p class="legend"><span class="new">added or changed, marked <code># new #</code></span>'
         f'<span class="old">in the base, replaced or removed</span> {n_marked} marked statements; '
         f"the right-hand column is the explanation after each marker. Same as "
@@ -130,9 +118,8 @@ def page(base: Path, variant: Path, measured: list[dict]) -> str:
 
 
 def technique(variant: Path) -> str:
-    """The first line of the variant's docstring, which names the technique (e.g. "Mixed precision (AMP): ...")."""
-    doc = ast.get_docstring(ast.parse(variant.read_text())) or ""
-    return doc.splitlines()[0] if doc else ""
+    """What the variant teaches: its docstring's first line up to the colon (e.g. "Mixed precision (AMP)")."""
+    return title(variant)
 
 
 def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
@@ -150,8 +137,9 @@ def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
         by_config = {r["config"]: r for r in table.to_dict("records")}
         gpus = env.get("gpus") or []
         hardware = f"{len(gpus)} × {gpus[0]}" if gpus else f"CPU, {env.get('cpu_count', '?')} cores"
-        for r in table.to_dict("records"):
-            if r.get("status") != "ok":
+        size = {"resnet50": 0, "resnet18": 1, "cnn": 2, "mlp": 3}
+        for r in sorted(table.to_dict("records"), key=lambda r: size.get(r.get("model"), 4)):  # largest model first
+            if r.get("status") != "ok" or pd.isna(r.get("speedup")):
                 continue
             base = by_config.get(r.get("baseline"), {})
             found.setdefault(r["script"], []).append(
@@ -162,6 +150,8 @@ def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
                     "baseline": r.get("baseline"),
                     "images_per_s": r.get("images_per_s"),
                     "speedup": r.get("speedup"),
+                    "speedup_rung": r.get("speedup_rung"),
+                    "rung_base": r.get("rung_base") if isinstance(r.get("rung_base"), str) else "",
                     "mem": _memory(r),
                     "base_mem": _memory(base),
                 }
@@ -183,8 +173,13 @@ def measured_html(rows: list[dict]) -> str:
     items = []
     for r in rows:
         speed = f"{r['speedup']:.2f}×" if pd.notna(r["speedup"]) else "–"
+        rung = (
+            f"; {r['speedup_rung']:.2f}× over its base rung <i>{html.escape(r['rung_base'])}</i>"
+            if r.get("rung_base") and pd.notna(r.get("speedup_rung"))
+            else ""
+        )
         items.append(
-            f"<li><b>{speed}</b> images/s of <i>{html.escape(str(r['baseline']))}</i> "
+            f"<li><b>{speed}</b> images/s of <i>{html.escape(str(r['baseline']))}</i>{rung} "
             f"({float(r['images_per_s']):.1f} images/s), {html.escape(r['mem'])} "
             f"(baseline {html.escape(r['base_mem'])}): <i>{html.escape(r['config'])}</i>, {html.escape(r['hardware'])}, "
             f"<code>{html.escape(str(r['folder']))}</code></li>"
@@ -213,11 +208,13 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
     for base, variant in pairs(src):
         rows = measured.get(variant.name, [])
         written.append(_write(out / page_name(variant), page(base, variant, rows)))
-        best = rows[0] if rows else None
         effect = (
-            f"{best['speedup']:.2f}× ({html.escape(best['config'])}, {html.escape(best['hardware'])}); "
-            f"{html.escape(best['mem'])} vs {html.escape(best['base_mem'])}"
-            if best is not None and pd.notna(best["speedup"])
+            "<br>".join(
+                f"{r['speedup']:.2f}× ({html.escape(r['config'])}, {html.escape(r['hardware'])}); "
+                f"{html.escape(r['mem'])} vs {html.escape(r['base_mem'])}"
+                for r in rows
+            )
+            if rows
             else '<span class="muted">not measured</span>'
         )
         items.append(
@@ -228,8 +225,11 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
         "Techniques side by side",
         "<h1>PyTorch training speed-ups, side by side</h1><p>Each page shows a technique script next to its base "
         "script, aligned statement by statement, with every line marked <code># new #</code> highlighted and its "
-        "explanation beside it. Speed-up: images/s over the base configuration's, from the newest result folder "
-        f"that measured it ({len(results)} folder(s) read).</p>"
+        "explanation beside it. Each variant names its base in its docstring's first line, so the scripts form "
+        f"chains (each indented under its base):</p><pre>{html.escape(tree(src))}</pre>"
+        "<p>Measured effect: every configuration of the technique in the result folders, newest folder first and the "
+        "largest model first, as images/s over the configuration its table compares it with "
+        f"({len(results)} folder(s) read).</p>"
         '<table class="pairs"><tr><th>variant</th><th>base</th><th>technique</th><th>measured effect</th></tr>'
         + "".join(items)
         + "</table>",

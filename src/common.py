@@ -1,12 +1,12 @@
 """What every training script shares, and nothing that belongs to one technique.
 
-The scripts (`train.py`, `train_*.py`, ...) keep their training loop in the file, so that a diff shows a technique
-in context; this module holds the parts they all use unchanged: the argument parser with the shared flags, seeding,
-device pick, Fashion-MNIST and synthetic data, the model factory, evaluation, the throughput / memory meter, the
-metrics JSON writer and the checkpoint helpers. No function here asks which technique calls it.
-Importing it installs one sys.excepthook that turns the failures a user causes into one line on stderr instead of a
-traceback: a BadImage (a corrupt file in an ImageFolder, even one re-raised from a DataLoader worker; exit 2), running
-out of host or device memory (exit 3, advice to lower --batch-size) and Ctrl-C (exit 130).
+The scripts (`train.py`, `train_*.py`, `loader*.py`) keep their training loop in the file, so that a diff shows a
+technique in context; this module holds the parts they use unchanged, in the order train.py uses them: the flags,
+seeding and device pick, Fashion-MNIST and synthetic data, the model factory, evaluation, the meter (images/s, step
+time, data-wait, memory), the per-epoch records, the closing report with the metrics JSON and its provenance, the
+checkpoint helpers, the ImageFolder helpers of the loaders, and the one-line errors. No function here asks which
+technique calls it. Importing it changes nothing global: `parse_args()`, which only the scripts call, installs the
+excepthook that turns the failures a user causes into one line on stderr.
 """
 
 from __future__ import annotations
@@ -16,17 +16,20 @@ import gzip
 import importlib.metadata
 import json
 import os
+import pickle
 import platform
 import random
 import resource
 import socket
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn as nn
 import torchvision
 
@@ -42,12 +45,7 @@ GIB = 1024**3
 # The ImageNet statistics (torchvision's models use them): per-channel mean and std of RGB in [0, 1].
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # what both loaders read (DALI's file reader skips other files too)
-
-
-def die(message: str, code: int = 2) -> None:
-    """Print `message` as one line on stderr, prefixed with the script name, and exit with `code` (no traceback)."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr, flush=True)
-    raise SystemExit(code)
+MODELS = ["cnn", "mlp", "resnet18", "resnet50"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -62,16 +60,18 @@ def positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_int(text: str) -> int:
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
     value = int(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 
-def _positive_float(text: str) -> float:
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0 (nan refused)."""
     value = float(text)
-    if not value > 0:  # also rejects nan
+    if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
     return value
 
@@ -83,14 +83,29 @@ def _fraction(text: str) -> float:
     return value
 
 
-def get_parser(description: str | None = None) -> argparse.ArgumentParser:
-    """The flags of the train*.py scripts (Fashion-MNIST or synthetic tensors); a script adds its own flags with
-    `parser.add_argument` before parsing.
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Every flag with its default; the epilog (the script's run lines) kept as written."""
 
-    Invalid values (a non-positive batch size, an unknown model, ...) make argparse print one usage error on
-    stderr and exit with status 2.
+
+def _new_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose description is the docstring's first line and whose --help ends with its run lines."""
+    lines = (doc or "").strip().splitlines()
+    run_lines = [line for line in lines if line.startswith("    ")]
+    return argparse.ArgumentParser(
+        description=lines[0] if lines else None,
+        epilog="run lines:\n" + "\n".join(run_lines) if run_lines else None,
+        formatter_class=_HelpFormatter,
+    )
+
+
+def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mnist", "synthetic")):
+    """The flags of the train*.py scripts; a script adds its own with `parser.add_argument` before parsing.
+
+    `doc` is the script's docstring: its first line describes the script in --help, its indented run lines end it.
+    `datasets` are the --dataset choices the script supports. Invalid values (a non-positive batch size, an unknown
+    model, ...) make argparse print one usage error on stderr and exit with status 2.
     """
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _new_parser(doc)
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -100,33 +115,37 @@ def get_parser(description: str | None = None) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--dataset",
-        choices=["fashion-mnist", "synthetic"],
+        choices=list(datasets),
         default="fashion-mnist",
-        help="synthetic: random tensors already on the device, to measure the compute ceiling",
+        help="synthetic: one random batch already on the device, to measure the compute ceiling",
     )
     p.add_argument(
         "--image-size",
         type=positive_int,
         default=None,
-        help="synthetic images are 3 x S x S (default 224); Fashion-MNIST is always 1 x 28 x 28",
+        help="side in pixels of synthetic images, 3 x S x S (default 224); Fashion-MNIST is always 1 x 28 x 28",
     )
     p.add_argument(
         "--subset",
         type=positive_int,
         default=None,
-        help="train on the first N training images only (synthetic: N images per epoch)",
+        help="train on the first N training images only (synthetic: N images per epoch, default 10240)",
     )
     _training_flags(p)
+    p.add_argument(
+        "--clip-grad-norm", type=positive_float, default=None, help="clip the gradients' global L2 norm to this"
+    )
     return p
 
 
-def get_image_folder_parser(description: str | None = None) -> argparse.ArgumentParser:
+def get_image_folder_parser(doc: str | None = None) -> argparse.ArgumentParser:
     """The flags of the loader*.py scripts, which read an ImageFolder of image files (train/ and val/ inside).
 
-    Same training flags as `get_parser`; `--data-dir` is the ImageFolder root, `--image-size` the crop side,
-    `--loader-only` skips the model to time the input pipeline alone. Bad values exit 2 with one usage line.
+    The training flags of `get_parser`, with `--data-dir` the ImageFolder root, `--image-size` the crop side,
+    `--loader-only` to time the input pipeline alone, and `--amp-dtype` / `--channels-last` so that the end-to-end
+    rows can run the model at the compute rate of train_amp.py / train_channels_last.py. Bad values exit 2.
     """
-    p = argparse.ArgumentParser(description=description, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p = _new_parser(doc)
     p.add_argument(
         "--data-dir",
         type=Path,
@@ -134,9 +153,14 @@ def get_image_folder_parser(description: str | None = None) -> argparse.Argument
         help="an ImageFolder root with train/<class>/*.jpg and val/<class>/*.jpg (python bench/prepare_data.py "
         "writes data/fashion-mnist-jpeg and data/imagenet-synthetic)",
     )
-    p.add_argument("--image-size", type=positive_int, default=32, help="side of the square crops fed to the model")
+    p.add_argument("--image-size", type=positive_int, default=32, help="side in pixels of the square crops")
     p.add_argument("--loader-only", action="store_true", help="iterate the input pipeline without the model")
-    p.add_argument("--amp", action="store_true", help="bfloat16 autocast for the model (as the GPU bench runs it)")
+    p.add_argument(
+        "--amp-dtype",
+        choices=["float16", "bfloat16"],
+        default=None,
+        help="autocast the model in this dtype, as train_amp.py does (GradScaler for float16); default: float32",
+    )
     p.add_argument("--channels-last", action="store_true", help="NHWC memory format for model and images")
     _training_flags(p)
     return p
@@ -144,25 +168,22 @@ def get_image_folder_parser(description: str | None = None) -> argparse.Argument
 
 def _training_flags(p: argparse.ArgumentParser) -> None:
     """The flags every script shares: model, schedule, batch, workers, seed, device, metrics and checkpoints."""
-    p.add_argument("--model", choices=["cnn", "resnet18", "resnet50"], default="cnn")
-    p.add_argument("--epochs", type=positive_int, default=2)
+    p.add_argument("--model", choices=MODELS, default="cnn", help="what to train (see common.build_model)")
+    p.add_argument("--epochs", type=positive_int, default=2, help="passes over the training set")
     p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many optimizer steps")
     p.add_argument("--batch-size", type=positive_int, default=128, help="images per process per step")
-    p.add_argument("--lr", type=_positive_float, default=5e-3, help="peak learning rate of the one-cycle schedule")
-    p.add_argument(
-        "--clip-grad-norm", type=_positive_float, default=None, help="clip the gradients' global L2 norm to this"
-    )
-    p.add_argument("--workers", type=_non_negative_int, default=2, help="DataLoader worker processes")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=positive_float, default=5e-3, help="peak learning rate of the one-cycle schedule")
+    p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader worker processes")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random number generator")
     p.add_argument(
         "--deterministic",
         action="store_true",
         help="bitwise-reproducible runs for a seed: deterministic algorithms only, no cuDNN autotuning (slower)",
     )
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when available")
     p.add_argument(
         "--warmup-steps",
-        type=_non_negative_int,
+        type=non_negative_int,
         default=10,
         help="steps left out of the images/s window (compilation, cuDNN autotuning, worker start)",
     )
@@ -170,7 +191,7 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
         "--target-acc",
         type=_fraction,
         default=None,
-        help="report the training time until test accuracy first reaches this fraction",
+        help="report the training seconds until the test accuracy first reaches this fraction",
     )
     p.add_argument("--metrics-out", type=Path, default=None, help="write the run's metrics JSON here")
     p.add_argument("--log-every", type=positive_int, default=50, help="print a progress line every N steps")
@@ -179,7 +200,9 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Parse the command line and check the flags that only make sense together (argparse exits 2 otherwise)."""
+    """Parse the command line, check the flags that only make sense together (argparse exits 2 otherwise), check
+    that the output folders can be written, and install the one-line error hook (`install_error_hook`)."""
+    install_error_hook()
     args = parser.parse_args()
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
@@ -198,6 +221,8 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
             parser.error(f"{flag}: cannot create {folder} ({error.strerror})")
         if not os.access(folder, os.W_OK):
             parser.error(f"{flag}: cannot write into {folder}; pick a folder you own")
+    if args.metrics_out is not None and args.metrics_out.is_dir():
+        parser.error(f"--metrics-out {args.metrics_out} is a folder; give a file name, e.g. {args.metrics_out}/m.json")
     return args
 
 
@@ -222,11 +247,10 @@ def seed_everything(seed: int, deterministic: bool = False) -> torch.Generator:
 
     With `deterministic`, also make every kernel reproducible, following
     https://pytorch.org/docs/stable/notes/randomness.html: `torch.use_deterministic_algorithms(True, warn_only=True)`
-    (deterministic kernels where torch has them; an op without one, e.g. some pooling backward passes on CUDA, warns
-    once naming itself instead of stopping the run), cuDNN without autotuning
-    (`benchmark = False`, `deterministic = True`) and the cuBLAS workspace setting CUDA >= 10.2 needs
-    (`CUBLAS_WORKSPACE_CONFIG=:4096:8`, set before the first cuBLAS call). DataLoader workers are seeded by
-    `seed_worker` and the returned generator either way, so two runs with the same seed see the same batches.
+    (deterministic kernels where torch has them; an op without one warns once naming itself instead of stopping the
+    run), cuDNN without autotuning (`benchmark = False`, `deterministic = True`) and the cuBLAS workspace setting
+    CUDA >= 10.2 needs (`CUBLAS_WORKSPACE_CONFIG=:4096:8`, set before the first cuBLAS call). DataLoader workers are
+    seeded by `seed_worker` and the returned generator either way, so two runs with the same seed see the same batches.
     """
     random.seed(seed)
     np.random.seed(seed)
@@ -274,9 +298,9 @@ def _has_fashion_mnist(folder: Path) -> bool:
 def find_fashion_mnist(data_dir: Path | None = None, search: list[Path] | None = None, download: bool = True) -> Path:
     """Return the folder that holds the four Fashion-MNIST `*-ubyte.gz` files.
 
-    Order (DESIGN.md "Data"): an explicit `data_dir` only (its `FashionMNIST/raw` subfolder counts too); else each of
-    `search` (default: `data/`, `data/FashionMNIST/raw` and the Debian package's `/usr/share/datasets/fashion-mnist`);
-    else torchvision's download into `data/`. Raises DataNotFound naming the three ways to get the files.
+    Order: an explicit `data_dir` only (its `FashionMNIST/raw` subfolder counts too); else each of `search` (default:
+    `data/`, `data/FashionMNIST/raw` and the Debian package's `/usr/share/datasets/fashion-mnist`); else torchvision's
+    download into `data/`. Raises DataNotFound naming the three ways to get the files.
     """
     how = (
         "get Fashion-MNIST one of three ways: `apt-get install dataset-fashion-mnist` (Debian/Ubuntu), "
@@ -391,6 +415,505 @@ def synthetic_data(args: argparse.Namespace, device: torch.device):
     )
 
 
+# ----------------------------------------------------------------------------------------------------------------
+# Models
+
+
+class SmallCNN(nn.Sequential):
+    """Two conv blocks and a classifier: (N, C, 28, 28) float32 -> (N, 10) logits; 0.4 M parameters, ~4 MMAC/image.
+
+    Reaches >= 91 % Fashion-MNIST test accuracy in 2 epochs with the scripts' defaults (see results/).
+    """
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
+        side = image_size // 4
+        super().__init__(
+            nn.Conv2d(in_channels, 32, 3, padding=1, bias=False),
+            nn.BatchNorm2d(32),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(2),
+            nn.Flatten(),
+            nn.Linear(64 * side * side, 128),
+            nn.ReLU(inplace=True),
+            nn.Linear(128, num_classes),
+        )
+
+
+class MLP(nn.Sequential):
+    """Flatten, one hidden layer of 256, ReLU, classifier: (N, C, S, S) -> (N, 10) logits; 0.2 M parameters at 28 px.
+
+    No batch statistics (no BatchNorm, no dropout), so a gradient over a batch is exactly the mean of the gradients
+    over its parts: the model for testing gradient accumulation against one big batch.
+    """
+
+    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
+        super().__init__(
+            nn.Flatten(),
+            nn.Linear(in_channels * image_size * image_size, 256),
+            nn.ReLU(inplace=True),
+            nn.Linear(256, num_classes),
+        )
+
+
+def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> nn.Module:
+    """`cnn` (SmallCNN), `mlp` (MLP) or torchvision ResNet-18/50 with randomly initialised weights, for
+    (N, C, S, S) float32 input and (N, num_classes) logits.
+
+    For small images (S < 64, e.g. Fashion-MNIST's 28 px) the ResNet stem is adapted as for CIFAR (He et al. 2016,
+    section 4.2): a 3x3 stride-1 first convolution and no max-pool, so 28 px are not shrunk to 7 px by the stem.
+    `in_channels` replaces the first convolution's 3.
+    """
+    if name == "cnn":
+        return SmallCNN(in_channels, num_classes, image_size)
+    if name == "mlp":
+        return MLP(in_channels, num_classes, image_size)
+    model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
+    if image_size < 64:
+        model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
+        model.maxpool = nn.Identity()
+    elif in_channels != 3:
+        model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
+    return model
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, device: torch.device) -> tuple[float, float]:
+    """Mean cross-entropy and top-1 accuracy (a fraction in [0, 1]) over every sample `loader` yields.
+
+    Images go to `device`; the labels follow the logits (which may come out on another device, as in model
+    parallelism). Counts the samples it sees, so for Fashion-MNIST's test set it averages over exactly 10,000 images.
+    Leaves the model in eval mode; the caller switches back with `model.train()`.
+    """
+    model.eval()
+    loss_sum = torch.zeros((), device=device)
+    correct = torch.zeros((), device=device, dtype=torch.long)
+    seen = 0
+    for images, labels in loader:
+        logits = model(images.to(device, non_blocking=True))
+        labels = labels.to(logits.device, non_blocking=True)
+        loss_sum += nn.functional.cross_entropy(logits.float(), labels, reduction="sum").to(device)
+        correct += (logits.argmax(1) == labels).sum().to(device)
+        seen += labels.numel()
+    return loss_sum.item() / seen, correct.item() / seen
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The meter: images/s, step time, data-wait, memory
+
+
+class Meter:
+    """Times training steps on the host, with device synchronisation only at the edges of the measured window.
+
+    `device` is the device the steps run on, or a list of them (model parallelism): every one is synchronised.
+    Use: `for batch in meter.loader(train_loader): ...; meter.step(n_images)`; `meter.pause()` before evaluation and
+    `meter.resume()` after it (both synchronise), `meter.summary()` at the end.
+    - images/s: images of the steps after the first `warmup_steps`, divided by the seconds of the window(s) they
+      ran in. Each window starts and ends with `torch.cuda.synchronize()`, so queued GPU work is counted in full.
+      Multiply by the world size (or sum over ranks, `gather_summary`) for a global figure. A run with no step after
+      the warm-up has no window: images/s is None and `images_per_s_note` says why ("not measured", never 0).
+    - step time p50/p90 (ms): host time between consecutive `step()` calls inside the window. Between the edges
+      nothing synchronises, so on a GPU this is the rate at which the host can queue steps (equal to the GPU's rate
+      once its queue is full); on CPU it is the step time itself.
+    - data-wait fraction: seconds blocked in `next(loader)` inside the window / window seconds (every `next()`
+      between two steps counts, so K micro-batches per step are all counted).
+    - first step (s): host seconds from the start of training to the end of the first step: where torch.compile
+      compiles, cuDNN autotunes and DataLoader workers start.
+    """
+
+    def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10):
+        self.devices = list(device) if isinstance(device, (list, tuple)) else [device]  # all are synchronised
+        self.device, self.warmup_steps = self.devices[0], warmup_steps
+        self.steps = 0  # all steps, warm-up included
+        self.images = 0  # images inside the window(s)
+        self.windows = 0  # windows opened: more than one means epoch edges (or evaluations) fall between them
+        self.window_s = self.wait_s = 0.0
+        self.step_s: list[float] = []
+        self.first_step_s = None
+        self._t_start = self._t_last = None  # start of the open window, end of the previous step
+        self._wait = 0.0
+        self.train_s = 0.0  # all training seconds between resume() and pause(), warm-up included
+        self._t_train = None
+        self._progress = (time.perf_counter(), 0, 0)  # (time, steps, images) at the last progress() call
+        self._all_images = 0
+        for d in self.devices:
+            if d.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(d)
+
+    def _sync(self) -> float:
+        for d in self.devices:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+        return time.perf_counter()
+
+    def loader(self, iterable):
+        """Yield from `iterable`, timing how long each `next()` blocks (the data-wait)."""
+        iterator = iter(iterable)
+        while True:
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._wait += time.perf_counter() - t0
+            yield batch
+
+    def step(self, n_images: int) -> None:
+        """Record the end of one optimizer step over `n_images` images (per process)."""
+        self.steps += 1
+        self._all_images += n_images
+        if self.first_step_s is None and self._t_train is not None:
+            self.first_step_s = self.train_s + time.perf_counter() - self._t_train
+        wait, self._wait = self._wait, 0.0
+        if self._t_start is None:
+            if self.steps >= self.warmup_steps:
+                self.resume()  # the window opens after the last warm-up step
+            return
+        now = time.perf_counter()
+        self.step_s.append(now - self._t_last)
+        self.images += n_images
+        self.wait_s += wait
+        self._t_last = now
+
+    def progress(self) -> str:
+        """ "X images/s, Y ms/step" since the previous call (host clock; call it right after a synchronising
+        `loss.item()`, so the GPU's queued work is counted)."""
+        now = time.perf_counter()
+        t, steps, images = self._progress
+        self._progress = (now, self.steps, self._all_images)
+        if self.steps == steps or now == t:
+            return "no step since the last line"
+        return f"{(self._all_images - images) / (now - t):.0f} images/s, {1e3 * (now - t) / (self.steps - steps):.1f} ms/step"
+
+    def pause(self) -> None:
+        """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
+        now = self._sync()
+        if self._t_start is not None:
+            self.window_s += now - self._t_start
+            self._t_start = None
+        if self._t_train is not None:
+            self.train_s += now - self._t_train
+            self._t_train = None
+
+    def resume(self) -> None:
+        """Start the training clock and, once the warm-up steps are done, open a window (synchronising the device)."""
+        if self._t_train is None:
+            self._t_train = self._sync()
+            self._progress = (self._t_train, self.steps, self._all_images)
+        if self.steps >= self.warmup_steps and self._t_start is None:
+            self._t_start = self._t_last = self._sync()
+            self._wait = 0.0
+            self.windows += 1
+
+    def summary(self) -> dict:
+        """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, data_wait_frac,
+        measured_steps, windows, first_step_s, train_s (s) and peak memory (GiB, `memory_stats`)."""
+        self.pause()
+        measured = len(self.step_s)
+        quantiles = statistics.quantiles(self.step_s, n=10, method="inclusive") if measured >= 2 else [None] * 9
+        note = None
+        if not measured:
+            note = (
+                f"not measured: the run's {self.steps} steps are all within --warmup-steps {self.warmup_steps}; "
+                "run more steps or lower --warmup-steps"
+            )
+        return {
+            "images_per_s": self.images / self.window_s if measured else None,
+            "images_per_s_note": note,
+            "step_ms_p50": 1e3 * statistics.median(self.step_s) if measured else None,
+            "step_ms_p90": 1e3 * quantiles[8] if measured >= 2 else None,
+            "data_wait_frac": self.wait_s / self.window_s if measured else None,
+            "measured_steps": measured,
+            "measured_s": self.window_s,
+            "windows": self.windows,
+            "first_step_s": self.first_step_s,
+            "train_s": self.train_s,
+            **memory_stats(),
+        }
+
+
+def memory_stats() -> dict:
+    """Peak memory so far: per CUDA device allocated / reserved (GiB, since the last reset) and host RSS (GiB).
+
+    Host RSS is `getrusage(RUSAGE_SELF).ru_maxrss` (KiB on Linux): this process only, not DataLoader workers.
+    """
+    devices = [
+        {
+            "index": i,
+            "name": torch.cuda.get_device_name(i),
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(i) / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(i) / GIB,
+        }
+        for i in range(torch.cuda.device_count())
+        if torch.cuda.is_initialized()
+    ]
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "peak_mem_allocated_gib": max((d["peak_allocated_gib"] for d in devices), default=None),
+        "peak_mem_reserved_gib": max((d["peak_reserved_gib"] for d in devices), default=None),
+        "peak_mem_per_device": devices,
+        "peak_host_rss_gib": rss_kib * 1024 / GIB,
+    }
+
+
+def gather_summary(summary: dict) -> dict:
+    """A `Meter.summary()` made global over the ranks of the default process group (every rank must call it):
+    images/s summed (each rank measured its own share), peak memory the maximum over ranks, `peak_mem_per_device`
+    every rank's devices (with their rank), data-wait and step times those of this rank."""
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, summary)
+    merged = dict(summary)
+    rates = [r["images_per_s"] for r in per_rank]
+    merged["images_per_s"] = sum(rates) if None not in rates else None
+    merged["images_per_s_per_rank"] = rates
+    for key in ["peak_mem_allocated_gib", "peak_mem_reserved_gib", "peak_host_rss_gib"]:
+        merged[key] = max((r[key] for r in per_rank if r[key] is not None), default=None)
+    merged["peak_mem_per_device"] = [
+        {**d, "rank": i} for i, r in enumerate(per_rank) for d in r["peak_mem_per_device"] if d["peak_reserved_gib"]
+    ]
+    return merged
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Per-epoch records, the closing report and the metrics JSON
+
+
+def epoch_record(epoch: int, step: int, train_loss, val_loss, val_acc, meter: Meter, logits=None, **extra) -> dict:
+    """One entry of the metrics' `epochs` list: 1-based `epoch`, global `step`, mean `train_loss` (a 0-d tensor or a
+    float; None when nothing was trained), test `val_loss` / `val_acc` (fractions), training seconds so far, and
+    the dtype the logits came out in (what the model really computed in). `extra` adds fields (e.g. label counts).
+    Reading a tensor loss synchronises the device, so call it after `meter.pause()`."""
+    return {
+        "epoch": epoch,
+        "step": step,
+        "train_loss": train_loss.item() if torch.is_tensor(train_loss) else train_loss,
+        "val_loss": val_loss,
+        "val_acc": val_acc,
+        "train_s": meter.train_s,
+        "logits_dtype": str(logits.dtype) if logits is not None else None,
+        **extra,
+    }
+
+
+def epoch_line(record: dict) -> str:
+    """The end-of-epoch progress line of an `epoch_record`."""
+    parts = [f"epoch {record['epoch']}:"]
+    if record["train_loss"] is not None:
+        parts.append(f"train loss {record['train_loss']:.4f},")
+    if record.get("images") is not None:
+        parts.append(f"{record['images']} images,")
+    if record["val_acc"] is not None:
+        parts.append(f"test loss {record['val_loss']:.4f}, test acc {100 * record['val_acc']:.2f} %,")
+    return " ".join(parts) + f" {record['train_s']:.1f} s of training"
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def cpu_info() -> dict:
+    """The CPU model (from /proc/cpuinfo, else `platform.processor()`) and which of the instruction sets that decide
+    low-precision speed it has: avx2, avx512f, avx512_bf16 (bf16 dot products), amx_tile / amx_bf16 (Intel AMX).
+    `bf16_instructions` is True when either bf16 set is there: bfloat16 autocast then runs natively on the CPU,
+    otherwise it is emulated and slower than float32."""
+    model, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]
+    return {
+        "cpu_model": model or platform.processor() or platform.machine(),
+        "cpu_flags": [f for f in wanted if f in flags],
+        "bf16_instructions": bool({"avx512_bf16", "amx_bf16"} & flags),
+    }
+
+
+def gpu_info() -> list[dict]:
+    """Per GPU as nvidia-smi reports it: name, driver, memory, current and maximum SM clock (MHz); [] without one."""
+    out = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm",
+            "--format=csv,noheader,nounits",
+        ]
+    )
+    keys = ["name", "driver", "memory_mib", "sm_clock_mhz", "max_sm_clock_mhz"]
+    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in (out or "").splitlines()]
+
+
+def git_state() -> dict:
+    """The commit of the checkout (and whether tracked files differ from it); `SPEEDUPS_COMMIT` when there is no
+    git checkout (e.g. a copied tree on another machine)."""
+    commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    if commit is None:
+        return {"commit": os.environ.get("SPEEDUPS_COMMIT"), "dirty": None}
+    dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def environment() -> dict:
+    """Versions and hardware: python, torch, torchvision, DALI, CUDA, cuDNN, GPU names, driver and clocks, CPU model
+    and its bf16-relevant instruction sets, core count, hostname, and the git commit."""
+    cuda = torch.cuda.is_available()
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "dali": _version("nvidia-dali-cuda120") or _version("nvidia-dali-cuda130"),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "gpu_info": gpu_info() if cuda else [],
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cpu": platform.processor() or platform.machine(),
+        **cpu_info(),
+        "hostname": socket.gethostname(),
+        "git": git_state(),
+    }
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file and a rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_metrics(path: Path | None, **fields) -> dict:
+    """Write `fields` plus `command` and `env` (`environment()`) as JSON to `path`, atomically; nothing if `path` is
+    None. Returns the dict. If the write fails (disk full, the folder removed during the run), the metrics go to
+    `./metrics-<pid>.json` and to stdout, and the script exits 1 with one line saying where: a finished run is never
+    lost."""
+    record = {"command": [sys.executable, *sys.argv], **fields, "env": environment()}
+    if path is None:
+        return record
+    text = json.dumps(record, indent=2, default=str) + "\n"
+    try:
+        atomic_write_text(path, text)
+    except OSError as error:
+        fallback = Path.cwd() / f"metrics-{os.getpid()}.json"
+        try:
+            atomic_write_text(fallback, text)
+            where = f"written to {fallback} instead (and printed above)"
+        except OSError:
+            where = "printed above"
+        print(text, flush=True)
+        die(f"cannot write --metrics-out {path} ({error.strerror}); the run's metrics are {where}", code=1)
+    return record
+
+
+def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields) -> dict:
+    """The closing call of every script: print the run's images/s line and write its metrics JSON (--metrics-out).
+
+    `summary` is `Meter.summary()` (made global over ranks where there are several); `epochs` the `epoch_record`s.
+    `fields` are what the script says about itself: script, technique, precision, device, steps, test_images, and
+    where they differ from one process on one device: world_size (default 1), gpus (devices used; default 1 on
+    CUDA, 0 on CPU), global_batch (default batch x world size), model, dataset; `compile_s` for compiled models;
+    and anything else to record (loader, workers, ...). Derived here: test_acc (the last epoch's), the training
+    seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
+    `time_to_target_incl_compile_s` with it), and the resolved arguments (`args`, every flag with its default).
+    The metrics JSON keys are listed in the README ("Metrics").
+    """
+    device = torch.device(fields.pop("device"))
+    world_size = fields.setdefault("world_size", 1)
+    fields.setdefault("gpus", int(device.type == "cuda"))
+    fields.setdefault("batch_size", args.batch_size)
+    fields.setdefault("global_batch", args.batch_size * world_size)
+    fields.setdefault("model", args.model)
+    fields.setdefault("dataset", getattr(args, "dataset", None))
+    reached = [e for e in epochs if args.target_acc and e["val_acc"] is not None and e["val_acc"] >= args.target_acc]
+    compile_s = fields.get("compile_s") or 0.0
+    if summary["images_per_s"] is None:
+        line = summary["images_per_s_note"]
+    else:
+        wait = summary["data_wait_frac"]
+        line = f"{summary['images_per_s']:.1f} images/s, data-wait {100 * wait:.1f} %"
+    print(f"{line}, peak host RSS {summary['peak_host_rss_gib']:.2f} GiB", flush=True)
+    return write_metrics(
+        args.metrics_out,
+        **fields,
+        device=str(device),
+        **summary,
+        epochs=epochs,
+        test_acc=epochs[-1]["val_acc"] if epochs else None,
+        target_acc=args.target_acc,
+        time_to_target_s=reached[0]["train_s"] - compile_s if reached else None,
+        time_to_target_incl_compile_s=reached[0]["train_s"] if reached else None,
+        args={key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        status="ok",
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checkpoints
+
+
+def save_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int, **extra
+) -> None:
+    """Save model and optimizer state, the number of finished `epoch`s, the global `step` and any `extra` state
+    dicts (scheduler, scaler, ...) to `path`, atomically (a temporary file, then a rename: a kill during the write
+    leaves the previous checkpoint whole). Pass the bare model (`model.module` for DP / DDP)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(
+        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step, **extra}, tmp
+    )
+    os.replace(tmp, path)
+
+
+def load_checkpoint(
+    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, device: torch.device | str = "cpu"
+) -> dict:
+    """Load a `save_checkpoint` file into `model` (and `optimizer`); return the whole dict (epoch, step, extras).
+
+    Exits with one line (exit 2) when the file is not a readable checkpoint or does not fit the model / optimizer.
+    """
+    try:
+        state = torch.load(path, map_location=device, weights_only=False)
+        model.load_state_dict(state["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+    except (OSError, EOFError, KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        die(f"--resume: {path} is not a checkpoint of this model and optimizer ({first}); use a new --checkpoint-dir")
+    return state
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# ImageFolder helpers (the loaders)
+
+
 class BadImage(ValueError):
     """Raised by `load_rgb` for a file that is not a readable image; the scripts report it in one line and exit 2."""
 
@@ -408,34 +931,6 @@ def load_rgb(path: str):
             return image.convert("RGB")  # decodes the whole file: a truncated JPEG fails here
     except (OSError, ValueError, SyntaxError) as error:
         raise BadImage(f"{path} is not a readable image ({error}); remove or replace it") from None
-
-
-def _is_out_of_memory(kind, value) -> bool:
-    """MemoryError, torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError "can't allocate memory"."""
-    return issubclass(kind, (MemoryError, torch.OutOfMemoryError)) or (
-        issubclass(kind, RuntimeError) and ("can't allocate memory" in str(value) or "out of memory" in str(value))
-    )
-
-
-def _report_user_errors(kind, value, traceback) -> None:
-    """sys.excepthook: one line on stderr, no traceback, for what the user can fix or caused.
-
-    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. Out of memory: exit 3, with the first
-    line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
-    Anything else is a bug and keeps its traceback.
-    """
-    if issubclass(kind, BadImage):
-        # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
-        die(str(value).strip().splitlines()[-1].removeprefix("common.BadImage: "))
-    if _is_out_of_memory(kind, value):
-        first = (str(value).strip().splitlines() or [kind.__name__])[0][:160]
-        die(f"out of memory ({first}); lower --batch-size (or --image-size, --workers)", code=3)
-    if issubclass(kind, KeyboardInterrupt):
-        die("interrupted (Ctrl-C); with --checkpoint-dir, add --resume to continue from the last checkpoint", code=130)
-    sys.__excepthook__(kind, value, traceback)
-
-
-sys.excepthook = _report_user_errors
 
 
 def find_non_image(folder: Path) -> Path | None:
@@ -490,271 +985,40 @@ def image_folders(data_dir: Path, batch_size: int) -> tuple[Path, Path, list[str
 
 
 # ----------------------------------------------------------------------------------------------------------------
-# Models
+# Errors: one line on stderr, no traceback
 
 
-class SmallCNN(nn.Sequential):
-    """Two conv blocks and a classifier: (N, C, 28, 28) float32 -> (N, 10) logits; 0.4 M parameters, ~4 MMAC/image.
-
-    Reaches >= 91 % Fashion-MNIST test accuracy in 2 epochs with the scripts' defaults (see results/).
-    """
-
-    def __init__(self, in_channels: int = 1, num_classes: int = 10, image_size: int = 28):
-        side = image_size // 4
-        super().__init__(
-            nn.Conv2d(in_channels, 32, 3, padding=1, bias=False),
-            nn.BatchNorm2d(32),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1, bias=False),
-            nn.BatchNorm2d(64),
-            nn.ReLU(inplace=True),
-            nn.MaxPool2d(2),
-            nn.Flatten(),
-            nn.Linear(64 * side * side, 128),
-            nn.ReLU(inplace=True),
-            nn.Linear(128, num_classes),
-        )
+def die(message: str, code: int = 2) -> None:
+    """Print `message` as one line on stderr, prefixed with the script name, and exit with `code` (no traceback)."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr, flush=True)
+    raise SystemExit(code)
 
 
-def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> nn.Module:
-    """`cnn` (SmallCNN) or torchvision ResNet-18/50 with randomly initialised weights, for (N, C, S, S) float32 input.
-
-    For small images (S < 64, e.g. Fashion-MNIST's 28 px) the ResNet stem is adapted as for CIFAR (He et al. 2016,
-    section 4.2): a 3x3 stride-1 first convolution and no max-pool, so 28 px are not shrunk to 7 px by the stem.
-    `in_channels` replaces the first convolution's 3; the classifier has `num_classes` outputs.
-    """
-    if name == "cnn":
-        return SmallCNN(in_channels, num_classes, image_size)
-    model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
-    if image_size < 64:
-        model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
-        model.maxpool = nn.Identity()
-    elif in_channels != 3:
-        model.conv1 = nn.Conv2d(in_channels, 64, 7, stride=2, padding=3, bias=False)
-    return model
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Evaluation
-
-
-@torch.no_grad()
-def evaluate(model: nn.Module, loader, device: torch.device) -> tuple[float, float]:
-    """Mean cross-entropy and top-1 accuracy (a fraction in [0, 1]) over every sample `loader` yields.
-
-    Counts the samples it sees, so for Fashion-MNIST's test set it averages over exactly 10,000 images.
-    Leaves the model in eval mode; the caller switches back with `model.train()`.
-    """
-    model.eval()
-    loss_sum = torch.zeros((), device=device)
-    correct = torch.zeros((), device=device, dtype=torch.long)
-    seen = 0
-    for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
-        logits = model(images)
-        loss_sum += nn.functional.cross_entropy(logits.float(), labels, reduction="sum")
-        correct += (logits.argmax(1) == labels).sum()
-        seen += labels.numel()
-    return loss_sum.item() / seen, correct.item() / seen
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# The meter: images/s, step time, data-wait, memory
-
-
-class Meter:
-    """Times training steps on the host, with device synchronisation only at the edges of the measured window.
-
-    Use: `for batch in meter.loader(train_loader): ...; meter.step(n_images)`; `meter.pause()` before evaluation and
-    `meter.resume()` after it (both synchronise), `meter.summary()` at the end.
-    - images/s: images of the steps after the first `warmup_steps`, divided by the seconds of the window(s) they
-      ran in. Each window starts and ends with `torch.cuda.synchronize()`, so queued GPU work is counted in full.
-      Multiply by the world size (or sum over ranks) for a global figure.
-    - step time p50/p90 (ms): host time between consecutive `step()` calls inside the window. Between the edges
-      nothing synchronises, so on a GPU this is the rate at which the host can queue steps (equal to the GPU's rate
-      once its queue is full); on CPU it is the step time itself.
-    - data-wait fraction: seconds blocked in `next(loader)` inside the window / window seconds.
-    """
-
-    def __init__(self, device: torch.device, warmup_steps: int = 10):
-        self.device, self.warmup_steps = device, warmup_steps
-        self.steps = 0  # all steps, warm-up included
-        self.images = 0  # images inside the window(s)
-        self.window_s = self.wait_s = 0.0
-        self.step_s: list[float] = []
-        self._t_start = self._t_last = None  # start of the open window, end of the previous step
-        self._wait = 0.0
-        self.train_s = 0.0  # all training seconds between resume() and pause(), warm-up included
-        self._t_train = None
-        if device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(device)
-
-    def _sync(self) -> float:
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        return time.perf_counter()
-
-    def loader(self, iterable):
-        """Yield from `iterable`, timing how long each `next()` blocks (the data-wait)."""
-        iterator = iter(iterable)
-        while True:
-            t0 = time.perf_counter()
-            try:
-                batch = next(iterator)
-            except StopIteration:
-                return
-            self._wait = time.perf_counter() - t0
-            yield batch
-
-    def step(self, n_images: int) -> None:
-        """Record the end of one optimizer step over `n_images` images (per process)."""
-        self.steps += 1
-        if self._t_start is None:
-            if self.steps >= self.warmup_steps:
-                self.resume()  # the window opens after the warm-up step
-            return
-        now = time.perf_counter()
-        self.step_s.append(now - self._t_last)
-        self.images += n_images
-        self.wait_s += self._wait
-        self._t_last = now
-
-    def pause(self) -> None:
-        """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
-        now = self._sync()
-        if self._t_start is not None:
-            self.window_s += now - self._t_start
-            self._t_start = None
-        if self._t_train is not None:
-            self.train_s += now - self._t_train
-            self._t_train = None
-
-    def resume(self) -> None:
-        """Start the training clock and, once the warm-up steps are done, open a window (synchronising the device)."""
-        if self._t_train is None:
-            self._t_train = self._sync()
-        if self.steps >= self.warmup_steps and self._t_start is None:
-            self._t_start = self._t_last = self._sync()
-
-    def summary(self) -> dict:
-        """Per-process figures: images_per_s, step_ms_p50/p90, data_wait_frac, measured_steps, memory (GiB)."""
-        self.pause()
-        measured = len(self.step_s)
-        quantiles = statistics.quantiles(self.step_s, n=10, method="inclusive") if measured >= 2 else [None] * 9
-        return {
-            "images_per_s": self.images / self.window_s if measured else None,
-            "step_ms_p50": 1e3 * statistics.median(self.step_s) if measured else None,
-            "step_ms_p90": 1e3 * quantiles[8] if measured >= 2 else None,
-            "data_wait_frac": self.wait_s / self.window_s if measured else None,
-            "measured_steps": measured,
-            "measured_s": self.window_s,
-            "train_s": self.train_s,
-            **memory_stats(),
-        }
-
-
-def memory_stats() -> dict:
-    """Peak memory so far: per CUDA device allocated / reserved (GiB, since the last reset) and host RSS (GiB).
-
-    Host RSS is `getrusage(RUSAGE_SELF).ru_maxrss` (KiB on Linux): this process only, not DataLoader workers.
-    """
-    devices = [
-        {
-            "index": i,
-            "name": torch.cuda.get_device_name(i),
-            "peak_allocated_gib": torch.cuda.max_memory_allocated(i) / GIB,
-            "peak_reserved_gib": torch.cuda.max_memory_reserved(i) / GIB,
-        }
-        for i in range(torch.cuda.device_count())
-        if torch.cuda.is_initialized()
-    ]
-    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return {
-        "peak_mem_allocated_gib": max((d["peak_allocated_gib"] for d in devices), default=None),
-        "peak_mem_reserved_gib": max((d["peak_reserved_gib"] for d in devices), default=None),
-        "peak_mem_per_device": devices,
-        "peak_host_rss_gib": rss_kib * 1024 / GIB,
-    }
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Environment, metrics and checkpoints
-
-
-def _version(package: str) -> str | None:
-    try:
-        return importlib.metadata.version(package)
-    except importlib.metadata.PackageNotFoundError:
-        return None
-
-
-def environment() -> dict:
-    """Versions and hardware: python, torch, torchvision, DALI, CUDA, cuDNN, GPU names and count, CPUs, hostname."""
-    cuda = torch.cuda.is_available()
-    return {
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
-        "dali": _version("nvidia-dali-cuda120") or _version("nvidia-dali-cuda130"),
-        "cuda": torch.version.cuda,
-        "cudnn": torch.backends.cudnn.version() if cuda else None,
-        "gpu_count": torch.cuda.device_count() if cuda else 0,
-        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
-        "cpu_count": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
-        "cpu": platform.processor() or platform.machine(),
-        "hostname": socket.gethostname(),
-    }
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_metrics(path: Path | None, **fields) -> dict:
-    """Write `fields` plus `command` and `env` as JSON to `path` (atomically; nothing if `path` is None).
-
-    The scripts pass: script, technique, world_size, batch_size, global_batch, precision, model, dataset, device,
-    the Meter summary (images_per_s is made global by the caller), epochs (per-epoch val loss / accuracy and training
-    seconds), test_acc, time_to_target_s, train_s, status. Returns the dict written.
-    """
-    record = {"command": [sys.executable, *sys.argv], **fields, "env": environment()}
-    if path is not None:
-        atomic_write_text(path, json.dumps(record, indent=2, default=str) + "\n")
-    return record
-
-
-def save_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int, **extra
-) -> None:
-    """Save model and optimizer state, the number of finished `epoch`s, the global `step` and any `extra` state
-    dicts (scheduler, scaler, ...) to `path`, atomically. Pass the bare model (`model.module` for DP / DDP)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(
-        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step, **extra}, tmp
+def _is_out_of_memory(kind, value) -> bool:
+    """MemoryError, torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError "can't allocate memory"."""
+    return issubclass(kind, (MemoryError, torch.OutOfMemoryError)) or (
+        issubclass(kind, RuntimeError) and ("can't allocate memory" in str(value) or "out of memory" in str(value))
     )
-    os.replace(tmp, path)
 
 
-def load_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, device: torch.device | str = "cpu"
-) -> dict:
-    """Load a `save_checkpoint` file into `model` (and `optimizer`); return the whole dict (epoch, step, extras).
+def _report_user_errors(kind, value, traceback) -> None:
+    """sys.excepthook: one line on stderr, no traceback, for what the user can fix or caused.
 
-    Raises FileNotFoundError if `path` is missing and RuntimeError if the state does not fit the model.
+    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. Out of memory: exit 3, with the first
+    line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
+    Anything else is a bug and keeps its traceback.
     """
-    state = torch.load(path, map_location=device, weights_only=False)
-    model.load_state_dict(state["model"])
-    if optimizer is not None:
-        optimizer.load_state_dict(state["optimizer"])
-    return state
+    if issubclass(kind, BadImage):
+        # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
+        die(str(value).strip().splitlines()[-1].removeprefix("common.BadImage: "))
+    if _is_out_of_memory(kind, value):
+        first = (str(value).strip().splitlines() or [kind.__name__])[0][:160]
+        die(f"out of memory ({first}); lower --batch-size (or --image-size, --workers)", code=3)
+    if issubclass(kind, KeyboardInterrupt):
+        die("interrupted (Ctrl-C); with --checkpoint-dir, add --resume to continue from the last checkpoint", code=130)
+    sys.__excepthook__(kind, value, traceback)
+
+
+def install_error_hook() -> None:
+    """Make `_report_user_errors` the process's sys.excepthook (the scripts do it through `parse_args`)."""
+    sys.excepthook = _report_user_errors

@@ -4,11 +4,13 @@ loader_DALI.py is this file plus the lines it marks as new, so `diff src/loader.
 lesson. `python bench/prepare_data.py` writes the ImageFolders it reads: data/fashion-mnist-jpeg (real, 28 px) and
 data/imagenet-synthetic (500x375 JPEGs of ~100 KB, like ImageNet's, to make decoding cost what it costs there).
 Each DataLoader worker decodes and augments whole images on a CPU core with PIL; the GPU waits if they fall behind.
+--amp-dtype and --channels-last run the model as train_amp.py and train_channels_last.py do, so that the end-to-end
+rows measure the input at a compute rate where it matters.
 
     python src/loader.py                                               # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --workers 8   # pipeline only
     python src/loader.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \\
-        --workers 16 --amp --channels-last                             # end to end on a GPU
+        --workers 16 --amp-dtype float16 --channels-last              # end to end on a GPU
     python src/loader.py --data-dir /datasets/imagenet --image-size 224 --model resnet50   # any ImageFolder
 """
 
@@ -19,10 +21,11 @@ from torchvision import datasets, transforms
 
 import common
 
-parser = common.get_image_folder_parser(__doc__.splitlines()[0])
+parser = common.get_image_folder_parser(__doc__)
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
+amp_dtype = getattr(torch, args.amp_dtype) if args.amp_dtype else None  # None: float32, no autocast
 
 # -- data: an ImageFolder of image files, decoded and augmented on CPU cores by the DataLoader's workers -----------
 train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
@@ -68,6 +71,7 @@ memory_format = torch.channels_last if args.channels_last else torch.contiguous_
 model = common.build_model(args.model, 3, args.image_size, len(classes)).to(device, memory_format=memory_format)
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # loss scaling for float16 only
 total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
@@ -82,9 +86,9 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-epochs, time_to_target = [], None
+epochs = []
 mode = "loader only" if args.loader_only else f"training {args.model}"
-print(f"{mode} on {args.data_dir} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+print(f"{mode} on {args.data_dir} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -96,77 +100,54 @@ for epoch in range(start_epoch, args.epochs):
         labels = labels.to(device, non_blocking=True)
         label_counts.index_add_(0, labels, torch.ones_like(labels))  # no sync, unlike bincount on a GPU
         if not args.loader_only:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                 loss = criterion(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             loss_sum += loss.detach()
         step += 1
         epoch_steps += 1
         meter.step(images.size(0))
-        if step % args.log_every == 0:
-            print(f"epoch {epoch + 1} step {step}/{total_steps}", flush=True)
+        if step % args.log_every == 0:  # int() waits for the device: once every --log-every steps only
+            seen = int(label_counts.sum())
+            print(f"epoch {epoch + 1} step {step}/{total_steps}, {seen} images, {meter.progress()}", flush=True)
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
 
     val_loss, val_acc = (None, None) if args.loader_only else common.evaluate(model, val_loader, device)
+    train_loss = None if args.loader_only else loss_sum / max(epoch_steps, 1)
+    counts = label_counts.tolist()
     epochs.append(
-        {
-            "epoch": epoch + 1,
-            "step": step,
-            "images": int(label_counts.sum()),
-            "label_counts": label_counts.tolist(),
-            "train_loss": None if args.loader_only else loss_sum.item() / max(epoch_steps, 1),
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "train_s": meter.train_s,
-        }
+        common.epoch_record(
+            epoch + 1, step, train_loss, val_loss, val_acc, meter, None, images=sum(counts), label_counts=counts
+        )
     )
-    print(
-        f"epoch {epoch + 1}: {epochs[-1]['images']} images"
-        + ("" if args.loader_only else f", test acc {100 * val_acc:.2f} %")
-        + f", {meter.train_s:.1f} s",
-        flush=True,
-    )
-    if args.target_acc and time_to_target is None and val_acc is not None and val_acc >= args.target_acc:
-        time_to_target = meter.train_s
+    print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
         common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
     if step == total_steps:
         break
 
-# -- metrics ------------------------------------------------------------------------------------------------------
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
-print(
-    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
-    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
-    flush=True,
-)
-common.write_metrics(
-    args.metrics_out,
+common.report(
+    args,
+    summary,
+    epochs,
     script="loader.py",
-    technique="loader",
+    technique="baseline",
     loader="torch DataLoader",
     workers=args.workers,
     loader_only=args.loader_only,
-    world_size=1,
-    gpus=int(device.type == "cuda"),
-    batch_size=args.batch_size,
-    global_batch=args.batch_size,
-    precision="amp bfloat16" if args.amp else common.precision_label(device),
+    precision=f"amp {args.amp_dtype}" if amp_dtype else common.precision_label(device),
     model="none (loader only)" if args.loader_only else args.model,
     dataset=args.data_dir.name,
     image_size=args.image_size,
-    device=str(device),
-    **summary,
-    epochs=epochs,
+    device=device,
     steps=step,
-    test_acc=epochs[-1]["val_acc"] if epochs else None,
     test_images=len(val_set),
-    target_acc=args.target_acc,
-    time_to_target_s=time_to_target,
-    status="ok",
 )

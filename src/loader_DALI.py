@@ -1,18 +1,20 @@
 # new # begin: this script's own docstring
-"""NVIDIA DALI: loader.py's input pipeline as a DALI graph, decoding on the GPU ('mixed') and sharding by rank.
+"""NVIDIA DALI: loader.py + its input pipeline as a DALI graph, decoding on the GPU ('mixed'), sharded by rank.
 
 The same steps as loader.py (read files, decode, RandomResizedCrop, flip, normalise) run as one DALI pipeline: a
 pool of --threads C++ threads instead of Python worker processes, and on a GPU the `mixed` decoder splits each JPEG
-between the CPU (Huffman decoding) and the GPU (nvJPEG: IDCT, colour conversion), so resizing, cropping and
-normalising happen on the GPU and the CPU stops being the bottleneck. DALIGenericIterator hands the batches to
-PyTorch as tensors already on the device. Without a GPU, DALI runs in its CPU-only mode (device_id=None, `cpu`
-operators): the nearest honest equivalent, which this script says in one line. Under torchrun (RANK, WORLD_SIZE)
-`fn.readers.file` reads shard RANK of WORLD_SIZE, so ranks see disjoint files. Needs `pip install nvidia-dali-cuda120`.
+between the CPU (Huffman decoding) and the GPU (nvJPEG: IDCT, colour conversion; the hardware JPEG decoder of an
+A100 / H100 where there is one), so resizing, cropping and normalising happen on the GPU and the CPU stops being the
+bottleneck. DALIGenericIterator hands the batches to PyTorch as tensors already on the device. Without a GPU, DALI
+runs in its CPU-only mode (device_id=None, `cpu` operators): the nearest honest equivalent, which this script says in
+one line. Under torchrun (RANK, WORLD_SIZE) with --loader-only, `fn.readers.file` reads shard RANK of WORLD_SIZE, so
+ranks see disjoint files; images/s and the label counts are summed over ranks and rank 0 writes the metrics.
+Needs `pip install nvidia-dali-cuda120`.
 
     python src/loader_DALI.py                                          # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader_DALI.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --threads 8
     python src/loader_DALI.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \
-        --threads 8 --amp --channels-last                              # end to end on a GPU
+        --threads 16 --amp-dtype float16 --channels-last              # end to end on a GPU
     torchrun --nproc-per-node 2 src/loader_DALI.py --loader-only --device cpu   # 2 shards, disjoint files
     diff src/loader.py src/loader_DALI.py                              # only the lines marked `# new #`
 """
@@ -21,6 +23,7 @@ operators): the nearest honest equivalent, which this script says in one line. U
 import os  # new #
 
 import torch
+import torch.distributed as dist  # new #
 import torch.nn as nn
 
 # new # no DataLoader, no torchvision transforms: DALI does both below
@@ -34,22 +37,29 @@ except ImportError:
     common.die("NVIDIA DALI is not installed: pip install nvidia-dali-cuda120 (Linux x86_64; see requirements.txt)")
 # new # end
 
-parser = common.get_image_folder_parser(__doc__.splitlines()[0])
+parser = common.get_image_folder_parser(__doc__)
 parser.add_argument(  # new #
     "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
 )
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: one shard per rank (torchrun sets RANK / WORLD_SIZE; one process reads everything)
+amp_dtype = getattr(torch, args.amp_dtype) if args.amp_dtype else None  # None: float32, no autocast
+# new # begin: one shard per rank under torchrun (RANK / WORLD_SIZE); one process reads everything
 rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+if world_size > 1:
+    if not args.loader_only:
+        common.die("under torchrun, add --loader-only: training on shards is train_DDP.py's lesson, not this one's")
+    if device.type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
+    dist.init_process_group("gloo")  # only to sum images/s and the label counts over the ranks at the end
 threads = args.threads or max(1, args.workers)
 gpu = device.type == "cuda"
 if not gpu:
     print("loader_DALI.py: no GPU: DALI's CPU-only mode (device_id=None), decoding on the CPU, not 'mixed'", flush=True)
 # new # end
 
-# -- data: an ImageFolder of image files, decoded and augmented on CPU cores by the DataLoader's workers -----------
+# -- data: an ImageFolder of image files, decoded and augmented by a DALI pipeline  # new #
 train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
 
 
@@ -106,11 +116,13 @@ train_loader = DALILoader(image_pipeline(train_dir, training=True), LastBatchPol
 val_loader = DALILoader(image_pipeline(val_dir, training=False), LastBatchPolicy.PARTIAL)  # every image once
 # new # end
 
+
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
 model = common.build_model(args.model, 3, args.image_size, len(classes)).to(device, memory_format=memory_format)
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # loss scaling for float16 only
 total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
@@ -125,9 +137,10 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-epochs, time_to_target = [], None
+epochs = []
 mode = "loader only" if args.loader_only else f"training {args.model}"
-print(f"{mode} on {args.data_dir} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+if rank == 0:  # new #
+    print(f"{mode} on {args.data_dir} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -139,77 +152,63 @@ for epoch in range(start_epoch, args.epochs):
         labels = labels.to(device, non_blocking=True)
         label_counts.index_add_(0, labels, torch.ones_like(labels))  # no sync, unlike bincount on a GPU
         if not args.loader_only:
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
+            with torch.autocast(device.type, dtype=amp_dtype or torch.float32, enabled=amp_dtype is not None):
                 loss = criterion(model(images), labels)
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
+            scaler.scale(loss).backward()
+            scaler.step(optimizer)
+            scaler.update()
             scheduler.step()
             loss_sum += loss.detach()
         step += 1
         epoch_steps += 1
         meter.step(images.size(0))
-        if step % args.log_every == 0:
-            print(f"epoch {epoch + 1} step {step}/{total_steps}", flush=True)
+        if rank == 0 and step % args.log_every == 0:  # new # one rank prints
+            seen = int(label_counts.sum())
+            print(f"epoch {epoch + 1} step {step}/{total_steps}, {seen} images, {meter.progress()}", flush=True)
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
 
     val_loss, val_acc = (None, None) if args.loader_only else common.evaluate(model, val_loader, device)
+    train_loss = None if args.loader_only else loss_sum / max(epoch_steps, 1)
+    # new # begin: each rank counted its own shard: sum over the ranks
+    counts = label_counts.cpu()
+    if world_size > 1:
+        dist.all_reduce(counts)
+    counts = counts.tolist()
+    # new # end
     epochs.append(
-        {
-            "epoch": epoch + 1,
-            "step": step,
-            "images": int(label_counts.sum()),
-            "label_counts": label_counts.tolist(),
-            "train_loss": None if args.loader_only else loss_sum.item() / max(epoch_steps, 1),
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "train_s": meter.train_s,
-        }
+        common.epoch_record(
+            epoch + 1, step, train_loss, val_loss, val_acc, meter, None, images=sum(counts), label_counts=counts
+        )
     )
-    print(
-        f"epoch {epoch + 1}: {epochs[-1]['images']} images"
-        + ("" if args.loader_only else f", test acc {100 * val_acc:.2f} %")
-        + f", {meter.train_s:.1f} s",
-        flush=True,
-    )
-    if args.target_acc and time_to_target is None and val_acc is not None and val_acc >= args.target_acc:
-        time_to_target = meter.train_s
+    if rank == 0:  # new #
+        print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
         common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
     if step == total_steps:
         break
 
-# -- metrics ------------------------------------------------------------------------------------------------------
-summary = meter.summary()
-print(
-    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
-    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
-    flush=True,
-)
-common.write_metrics(
-    args.metrics_out,
-    script="loader_DALI.py",  # new #
-    technique="DALI",
-    loader=f"DALI {'mixed' if gpu else 'cpu'}",
-    workers=threads,
-    loader_only=args.loader_only,
-    world_size=world_size,  # new # shards read
-    gpus=int(device.type == "cuda"),
-    batch_size=args.batch_size,
-    global_batch=args.batch_size,
-    precision="amp bfloat16" if args.amp else common.precision_label(device),
-    model="none (loader only)" if args.loader_only else args.model,
-    dataset=args.data_dir.name,
-    image_size=args.image_size,
-    device=str(device),
-    **summary,
-    epochs=epochs,
-    steps=step,
-    test_acc=epochs[-1]["val_acc"] if epochs else None,
-    test_images=val_loader.pipeline.epoch_size("Reader"),  # new # files in val/, like len(val_set)
-    target_acc=args.target_acc,
-    time_to_target_s=time_to_target,
-    status="ok",
-)
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = common.gather_summary(meter.summary()) if world_size > 1 else meter.summary()  # new # summed over ranks
+if rank == 0:  # new # only rank 0 writes
+    common.report(
+        args,
+        summary,
+        epochs,
+        script="loader_DALI.py",  # new #
+        technique="DALI",  # new #
+        loader=f"DALI {'mixed' if gpu else 'cpu'}",  # new #
+        workers=threads,  # new #
+        loader_only=args.loader_only,
+        precision=f"amp {args.amp_dtype}" if amp_dtype else common.precision_label(device),
+        model="none (loader only)" if args.loader_only else args.model,
+        dataset=args.data_dir.name,
+        image_size=args.image_size,
+        device=device,
+        world_size=world_size,  # new # shards read
+        gpus=world_size if gpu else 0,  # new #
+        steps=step,
+        test_images=val_loader.pipeline.epoch_size("Reader"),  # new # files in val/, like len(val_set)
+    )

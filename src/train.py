@@ -1,10 +1,12 @@
 """Baseline: train one model on one device in fp32, fed by torch's DataLoader.
 
-Every train_*.py is this file plus the lines it marks as new, so `diff src/train.py src/train_X.py` is one technique.
+Every other train_*.py starts from this file, directly or through a chain of variants, and marks what it adds with
+`# new #`: `diff src/train.py src/train_amp.py` is one technique, `diff src/train_amp.py src/train_channels_last.py`
+the next one (each variant names its base in its docstring's first line).
 
     python src/train.py                                      # small CNN on Fashion-MNIST, 2 epochs, GPU if present
     python src/train.py --device cpu --subset 4096 --epochs 1   # a quick look on a laptop
-    python src/train.py --model resnet18 --epochs 8 --batch-size 256 --workers 8 --target-acc 0.93
+    python src/train.py --model resnet18 --epochs 8 --batch-size 256 --workers 8 --lr 2e-3 --target-acc 0.93
     python src/train.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # compute ceiling
     python src/train.py --checkpoint-dir ckpt --epochs 1 && python src/train.py --checkpoint-dir ckpt --resume
 """
@@ -15,7 +17,7 @@ from torch.utils.data import DataLoader
 
 import common
 
-parser = common.get_parser(__doc__.splitlines()[0])
+parser = common.get_parser(__doc__)
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
@@ -57,9 +59,8 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-epochs, time_to_target = [], None
-test_images = len(test_loader.dataset)  # evaluate() counts every one of them
-print(f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+epochs = []
+print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -80,61 +81,32 @@ for epoch in range(start_epoch, args.epochs):
         epoch_steps += 1
         loss_sum += loss.detach()
         meter.step(images.size(0))
-        if step % args.log_every == 0:
-            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
+        if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
 
     val_loss, val_acc = common.evaluate(model, test_loader, device)
     epochs.append(
-        {
-            "epoch": epoch + 1,
-            "step": step,
-            "train_loss": loss_sum.item() / max(epoch_steps, 1),
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "train_s": meter.train_s,
-            "logits_dtype": str(logits.dtype),  # what the model really computed in
-        }
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
     )
-    print(
-        f"epoch {epoch + 1}: train loss {epochs[-1]['train_loss']:.4f}, test loss {val_loss:.4f}, "
-        f"test acc {100 * val_acc:.2f} %, {meter.train_s:.1f} s of training",
-        flush=True,
-    )
-    if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
-        time_to_target = meter.train_s
+    print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
         common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
     if step == total_steps:
         break
 
-# -- metrics ------------------------------------------------------------------------------------------------------
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
-print(
-    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
-    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
-    flush=True,
-)
-common.write_metrics(
-    args.metrics_out,
+common.report(
+    args,
+    summary,
+    epochs,
     script="train.py",
     technique="baseline",
-    world_size=1,
-    gpus=int(device.type == "cuda"),
-    batch_size=args.batch_size,
-    global_batch=args.batch_size,
     precision=common.precision_label(device),
-    model=args.model,
-    dataset=args.dataset,
-    device=str(device),
-    **summary,
-    epochs=epochs,
+    device=device,
     steps=step,
-    test_acc=epochs[-1]["val_acc"] if epochs else None,
-    test_images=test_images,
-    target_acc=args.target_acc,
-    time_to_target_s=time_to_target,
-    status="ok",
+    test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

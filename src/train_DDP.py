@@ -6,7 +6,8 @@ Every process holds the whole model and trains on its own 1/WORLD_SIZE of the da
 backward, DDP all-reduces gradient buckets as they become ready, overlapping communication with computation, so all
 replicas take the same step. --batch-size is per process: the global batch is batch x world size. Only rank 0
 prints, writes metrics and checkpoints; the test accuracy is computed on disjoint shards and summed over ranks.
-On CPU the backend is gloo and each process gets cores / processes threads; on CUDA it is nccl.
+On CPU the backend is gloo and each process gets cores / processes threads; on CUDA it is nccl. Surviving a killed
+worker (mid-epoch checkpoints, torchrun --max-restarts) is the next lesson: train_DDP_elastic.py.
 
     torchrun --nproc-per-node 2 src/train_DDP.py --device cpu --workers 1          # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node gpu src/train_DDP.py                                 # one process per visible GPU
@@ -17,15 +18,10 @@ On CPU the backend is gloo and each process gets cores / processes threads; on C
     # Slurm: sbatch --nodes 2 --gpus-per-node 8 --ntasks-per-node 1 with, in the batch script,
     #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
     #       --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 src/train_DDP.py
-    # survive a killed worker: torchrun restarts the group, which resumes from the last checkpoint (every 200 steps);
-    # the variable gives each attempt a fresh rendezvous store (pytorch/pytorch#135712: stale addresses otherwise)
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP.py \
-        --checkpoint-dir ckpt --checkpoint-every 200 --resume
     diff src/train.py src/train_DDP.py                                             # only the lines marked `# new #`
 """
 # new # end
 
-import itertools  # new #
 import os  # new #
 
 import torch
@@ -37,15 +33,12 @@ from torch.utils.data.distributed import DistributedSampler  # new #
 
 import common
 
-parser = common.get_parser(__doc__.splitlines()[0])
+parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
     "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on CUDA, else gloo"
 )
 parser.add_argument(  # new #
     "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
-)
-parser.add_argument(  # new #
-    "--checkpoint-every", type=common.positive_int, default=None, help="also save last.pt every N steps (mid-epoch)"
 )
 args = common.parse_args(parser)
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
@@ -109,12 +102,10 @@ if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
 start_epoch, step = 0, 0
-epochs_before = []  # new # per-epoch records of the attempts before a restart
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # every rank loads the same file
     start_epoch, step = state["epoch"], state["step"]
-    epochs_before = state.get("epochs", [])  # new #
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
@@ -122,12 +113,9 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-epochs, time_to_target = epochs_before, None  # new #
-test_images = len(test_loader.dataset)  # evaluate() counts every one of them
+epochs = []
 if master:  # new #
-    print(
-        f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True
-    )
+    print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -135,8 +123,7 @@ for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # new #
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    done = max(0, step - epoch * len(train_loader))  # new # > 0 only in an epoch resumed mid-way: skip its first steps
-    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # new #
+    for images, labels in meter.loader(train_loader):
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -152,12 +139,7 @@ for epoch in range(start_epoch, args.epochs):
         loss_sum += loss.detach()
         meter.step(images.size(0))
         if master and step % args.log_every == 0:  # new #
-            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
-        # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps (rank 0 writes; replicas are equal)
-        if checkpoint and master and args.checkpoint_every and step % args.checkpoint_every == 0:
-            common.save_checkpoint(checkpoint, model.module, optimizer, epoch, step, sampler_epoch=epoch, epochs=epochs)
-            print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
-        # new # end
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
@@ -170,68 +152,29 @@ for epoch in range(start_epoch, args.epochs):
     val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
     # new # end
     epochs.append(
-        {
-            "epoch": epoch + 1,
-            "step": step,
-            "train_loss": loss_sum.item() / max(epoch_steps, 1),
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "train_s": meter.train_s,
-            "logits_dtype": str(logits.dtype),  # what the model really computed in
-        }
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
     )
     if master:  # new #
-        print(
-            f"epoch {epoch + 1}: train loss {epochs[-1]['train_loss']:.4f}, test loss {val_loss:.4f}, "
-            f"test acc {100 * val_acc:.2f} %, {meter.train_s:.1f} s of training",
-            flush=True,
-        )
-    if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
-        time_to_target = meter.train_s
-    if checkpoint and master:  # new # `model.module`: without the "module." prefix, so it loads into train.py
-        common.save_checkpoint(  # new #
-            checkpoint, model.module, optimizer, epoch + 1, step, sampler_epoch=epoch + 1, epochs=epochs
-        )
+        print(common.epoch_line(epochs[-1]), flush=True)
+    if checkpoint and master:  # new # rank 0 writes; every replica is the same
+        common.save_checkpoint(checkpoint, model.module, optimizer, epoch + 1, step)  # new # no "module." prefix
     if step == total_steps:
         break
 
-# -- metrics ------------------------------------------------------------------------------------------------------
-summary = meter.summary()
-# new # begin: each rank measured its own share: global images/s is the sum over ranks, peak memory the max
-per_rank = [None] * world_size
-dist.all_gather_object(per_rank, summary)
-summary["images_per_s"] = sum(r["images_per_s"] or 0 for r in per_rank)
-for key in ["peak_mem_allocated_gib", "peak_mem_reserved_gib", "peak_host_rss_gib"]:
-    summary[key] = max((r[key] for r in per_rank if r[key] is not None), default=None)
-summary["peak_mem_per_device"] = [
-    {**d, "rank": i} for i, r in enumerate(per_rank) for d in r["peak_mem_per_device"] if d["peak_reserved_gib"]
-]
-# new # end
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = common.gather_summary(meter.summary())  # new # images/s summed over ranks, peak memory the max
 if master:  # new #
-    print(
-        f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
-        f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
-        flush=True,
+    common.report(
+        args,
+        summary,
+        epochs,
+        script="train_DDP.py",  # new #
+        technique="DDP",  # new #
+        precision=common.precision_label(device),
+        device=device,
+        world_size=world_size,  # new #
+        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
+        steps=step,
+        test_images=test_images,  # new # summed over the ranks' shards
     )
-common.write_metrics(
-    args.metrics_out if master else None,  # new # only rank 0 writes
-    script="train_DDP.py",
-    technique="DistributedDataParallel",
-    world_size=world_size,
-    gpus=world_size if device.type == "cuda" else 0,
-    batch_size=args.batch_size,
-    global_batch=args.batch_size * world_size,
-    precision=common.precision_label(device),
-    model=args.model,
-    dataset=args.dataset,
-    device=str(device),
-    **summary,
-    epochs=epochs,
-    steps=step,
-    test_acc=epochs[-1]["val_acc"] if epochs else None,
-    test_images=test_images,
-    target_acc=args.target_acc,
-    time_to_target_s=time_to_target,
-    status="ok",
-)
 dist.destroy_process_group()  # new # leave the group cleanly before exiting

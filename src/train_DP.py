@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 import common
 
-parser = common.get_parser(__doc__.splitlines()[0])
+parser = common.get_parser(__doc__)
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
@@ -52,10 +52,7 @@ model = nn.DataParallel(model)  # new # all visible GPUs, weights kept on GPU 0;
 # new # begin: say what it runs as when there is nothing to parallelise over
 if len(model.device_ids) < 2:
     gpus = len(model.device_ids)
-    print(
-        f"train_DP.py: DataParallel needs 2+ GPUs to split the batch, {gpus} visible: runs on {device} alone",
-        flush=True,
-    )
+    print(f"train_DP.py: DataParallel needs 2+ GPUs to split the batch, {gpus} visible: runs on {device} alone")
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
@@ -74,9 +71,8 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-epochs, time_to_target = [], None
-test_images = len(test_loader.dataset)  # evaluate() counts every one of them
-print(f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+epochs = []
+print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -97,61 +93,33 @@ for epoch in range(start_epoch, args.epochs):
         epoch_steps += 1
         loss_sum += loss.detach()
         meter.step(images.size(0))
-        if step % args.log_every == 0:
-            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
+        if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
 
     val_loss, val_acc = common.evaluate(model, test_loader, device)
     epochs.append(
-        {
-            "epoch": epoch + 1,
-            "step": step,
-            "train_loss": loss_sum.item() / max(epoch_steps, 1),
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "train_s": meter.train_s,
-            "logits_dtype": str(logits.dtype),  # what the model really computed in
-        }
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
     )
-    print(
-        f"epoch {epoch + 1}: train loss {epochs[-1]['train_loss']:.4f}, test loss {val_loss:.4f}, "
-        f"test acc {100 * val_acc:.2f} %, {meter.train_s:.1f} s of training",
-        flush=True,
-    )
-    if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
-        time_to_target = meter.train_s
+    print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
         common.save_checkpoint(checkpoint, model.module, optimizer, epoch + 1, step)  # new # loads into train.py
     if step == total_steps:
         break
 
-# -- metrics ------------------------------------------------------------------------------------------------------
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
-print(
-    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
-    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
-    flush=True,
-)
-common.write_metrics(
-    args.metrics_out,
+common.report(
+    args,
+    summary,
+    epochs,
     script="train_DP.py",  # new #
-    technique="DataParallel",
-    world_size=1,
-    gpus=len(model.device_ids),
-    batch_size=args.batch_size,
-    global_batch=args.batch_size,
+    technique="DP",  # new #
     precision=common.precision_label(device),
-    model=args.model,
-    dataset=args.dataset,
-    device=str(device),
-    **summary,
-    epochs=epochs,
+    device=device,
+    gpus=len(model.device_ids),  # new # the GPUs the batch was split over
     steps=step,
-    test_acc=epochs[-1]["val_acc"] if epochs else None,
-    test_images=test_images,
-    target_acc=args.target_acc,
-    time_to_target_s=time_to_target,
-    status="ok",
+    test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

@@ -6,8 +6,8 @@ the math throughput of TF32 and half the activation memory), while reductions su
 statistics stay in float32; the weights and the optimizer state stay in float32. float16 has a narrow range, so small
 gradients would flush to zero: GradScaler multiplies the loss by a large factor before backward, divides the
 gradients back before the step and skips steps whose gradients overflowed. bfloat16 has float32's range and needs no
-scaler. On a CPU without bfloat16 instructions (AVX512-BF16 / AMX) autocast is slower than float32: it shows the
-technique, not a speed-up (see the cpu table in the README).
+scaler. On a CPU without bfloat16 instructions (AVX512-BF16 / AMX) autocast is emulated and slower than float32; on
+one with them it is faster (the tables name the CPU and its instruction sets).
 
     python src/train_amp.py                                   # float16 on CUDA, bfloat16 on CPU
     python src/train_amp.py --amp-dtype bfloat16              # no GradScaler needed (float32's exponent range)
@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader
 
 import common
 
-parser = common.get_parser(__doc__.splitlines()[0])
+parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
     "--amp-dtype", choices=["float16", "bfloat16"], default=None, help="default: float16 on CUDA, bfloat16 on CPU"
 )
@@ -33,10 +33,10 @@ device = common.get_device(args.device)
 # new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
 if amp_dtype == "float16" and device.type == "cpu":
-    print("train_amp.py: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
+    print("AMP: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
     amp_dtype = "bfloat16"
 if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-    print("train_amp.py: this GPU has no bfloat16 (needs compute capability 8.0+); running float16 instead", flush=True)
+    print("AMP: this GPU has no bfloat16 (needs compute capability 8.0+); running float16 instead", flush=True)
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
 # new # end
@@ -80,9 +80,8 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-epochs, time_to_target = [], None
-test_images = len(test_loader.dataset)  # evaluate() counts every one of them
-print(f"training {args.model} on {args.dataset} ({device}), batch {args.batch_size}, {total_steps} steps", flush=True)
+epochs = []
+print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -106,61 +105,32 @@ for epoch in range(start_epoch, args.epochs):
         epoch_steps += 1
         loss_sum += loss.detach()
         meter.step(images.size(0))
-        if step % args.log_every == 0:
-            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}", flush=True)  # .item() syncs
+        if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
 
     val_loss, val_acc = common.evaluate(model, test_loader, device)
     epochs.append(
-        {
-            "epoch": epoch + 1,
-            "step": step,
-            "train_loss": loss_sum.item() / max(epoch_steps, 1),
-            "val_loss": val_loss,
-            "val_acc": val_acc,
-            "train_s": meter.train_s,
-            "logits_dtype": str(logits.dtype),  # what the model really computed in
-        }
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
     )
-    print(
-        f"epoch {epoch + 1}: train loss {epochs[-1]['train_loss']:.4f}, test loss {val_loss:.4f}, "
-        f"test acc {100 * val_acc:.2f} %, {meter.train_s:.1f} s of training",
-        flush=True,
-    )
-    if args.target_acc and time_to_target is None and val_acc >= args.target_acc:
-        time_to_target = meter.train_s
+    print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
         common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step, scaler=scaler.state_dict())  # new #
     if step == total_steps:
         break
 
-# -- metrics ------------------------------------------------------------------------------------------------------
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
-print(
-    f"{summary['images_per_s'] or 0:.1f} images/s, data-wait {100 * (summary['data_wait_frac'] or 0):.1f} %, "
-    f"peak host RSS {summary['peak_host_rss_gib']:.2f} GiB",
-    flush=True,
-)
-common.write_metrics(
-    args.metrics_out,
+common.report(
+    args,
+    summary,
+    epochs,
     script="train_amp.py",  # new #
-    technique="amp",
-    world_size=1,
-    gpus=int(device.type == "cuda"),
-    batch_size=args.batch_size,
-    global_batch=args.batch_size,
-    precision=f"amp {str(amp_dtype).removeprefix('torch.')}",
-    model=args.model,
-    dataset=args.dataset,
-    device=str(device),
-    **summary,
-    epochs=epochs,
+    technique="AMP",  # new #
+    precision=f"amp {str(amp_dtype).removeprefix('torch.')}",  # new # what the convs and matmuls ran in
+    device=device,
     steps=step,
-    test_acc=epochs[-1]["val_acc"] if epochs else None,
-    test_images=test_images,
-    target_acc=args.target_acc,
-    time_to_target_s=time_to_target,
-    status="ok",
+    test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

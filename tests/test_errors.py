@@ -15,8 +15,17 @@ import torch
 
 from conftest import REPO, assert_one_line_error, run
 
-TRAIN = ["src/train.py", "src/train_DP.py", "src/train_amp.py"]
-ALL = [*TRAIN, "src/train_DDP.py", "src/loader.py", "src/loader_DALI.py"]
+TRAIN = [
+    "src/train.py",
+    "src/train_DP.py",
+    "src/train_amp.py",
+    "src/train_channels_last.py",
+    "src/train_compile.py",
+    "src/train_fast.py",
+    "src/train_model_parallel.py",
+]
+DISTRIBUTED = ["src/train_DDP.py", "src/train_DDP_elastic.py", "src/train_accum.py"]  # need torchrun
+ALL = [*TRAIN, *DISTRIBUTED, "src/loader.py", "src/loader_DALI.py"]
 CPU = ["--device", "cpu", "--workers", "0"]
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message on a machine without CUDA")
 
@@ -39,29 +48,30 @@ def assert_worker_error(proc, *fragments):
     assert 'src/train_DDP.py", line' not in proc.stderr and 'common.py", line' not in proc.stderr
 
 
+USAGE = [
+    (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
+    (["--epochs", "-1"], "argument --epochs: must be a positive integer, got -1"),
+    (["--lr", "0"], "argument --lr: must be a positive number, got 0"),
+    (["--model", "vgg16"], "argument --model: invalid choice: 'vgg16'"),
+]
+
+
 @pytest.mark.parametrize("script", [s for s in ALL if s != "src/train.py"])  # train.py: test_common.py
-@pytest.mark.parametrize(
-    "flags, fragment",
-    [
-        (["--batch-size", "0"], "argument --batch-size: must be a positive integer, got 0"),
-        (["--epochs", "-1"], "argument --epochs: must be a positive integer, got -1"),
-        (["--lr", "0"], "argument --lr: must be a positive number, got 0"),
-        (["--model", "vgg16"], "argument --model: invalid choice: 'vgg16'"),
-    ],
-)
-def test_non_positive_numbers_and_unknown_models_are_usage_errors(script, flags, fragment):
+def test_non_positive_numbers_and_unknown_models_are_usage_errors(script):
+    """Each script refuses one of the four kinds (they share one parser; train.py is checked for all of them)."""
+    flags, fragment = USAGE[ALL.index(script) % len(USAGE)]
     proc = run(script, *CPU, *flags, timeout=120)
     assert proc.returncode == 2
     assert_one_line_error(proc, fragment)
 
 
-@pytest.mark.parametrize("script", TRAIN[1:])  # train.py: test_common.py
+@pytest.mark.parametrize("script", ["src/train_DP.py", "src/train_fast.py"])  # train.py: test_common.py
 def test_missing_data_dir_is_one_line(script, tmp_path):
     proc = run(script, *CPU, "--data-dir", tmp_path / "nope", timeout=120)
     assert_one_line_error(proc, f"--data-dir {tmp_path / 'nope'} does not exist", "apt-get install")
 
 
-@pytest.mark.parametrize("script", TRAIN)
+@pytest.mark.parametrize("script", ["src/train.py", "src/train_channels_last.py"])  # one common.load_data for all
 def test_data_dir_without_fashion_mnist_is_one_line(script, tmp_path):
     """An empty folder, and a folder of other files: both name the four files it lacks and how to get them."""
     assert_one_line_error(run(script, *CPU, "--data-dir", tmp_path, timeout=120), "lacks the Fashion-MNIST files")
@@ -71,14 +81,14 @@ def test_data_dir_without_fashion_mnist_is_one_line(script, tmp_path):
     assert_one_line_error(proc, "lacks the Fashion-MNIST files", "train-images-idx3-ubyte.gz")
 
 
-@pytest.mark.parametrize("script", TRAIN[1:])  # train.py: test_common.py
+@pytest.mark.parametrize("script", ["src/train_amp.py", "src/train_model_parallel.py"])  # train.py: test_common.py
 def test_subset_smaller_than_one_batch_is_refused(script):
     proc = run(script, *CPU, "--subset", "100", "--batch-size", "128", timeout=120)
     assert_one_line_error(proc, "--batch-size 128 is larger than the 100 training images", "raise --subset")
 
 
 @no_cuda
-@pytest.mark.parametrize("script", [s for s in ALL if s != "src/train_DDP.py"])
+@pytest.mark.parametrize("script", [s for s in ALL if s not in DISTRIBUTED])
 def test_device_cuda_without_cuda_is_one_line(script):
     proc = run(script, "--device", "cuda", "--epochs", "1", timeout=120)
     assert_one_line_error(proc, "--device cuda was given but torch sees no CUDA GPU", "use --device cpu")
@@ -101,6 +111,45 @@ def test_an_output_path_that_cannot_be_written_is_refused_before_training(flag, 
     proc = run("src/train.py", *CPU, flag, tmp_path / "a-file" / "sub" / "m.json", timeout=120)
     assert proc.returncode == 2
     assert_one_line_error(proc, f"{flag}: cannot create")
+
+
+def test_metrics_out_that_is_a_folder_is_refused_before_training(tmp_path):
+    proc = run("src/train.py", *CPU, "--metrics-out", tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, f"--metrics-out {tmp_path} is a folder")
+
+
+@pytest.mark.parametrize("script", ["src/loader.py", "src/loader_DALI.py"])
+def test_a_flag_a_script_ignores_is_not_accepted(script):
+    proc = run(script, *CPU, "--clip-grad-norm", "1.0", timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "unrecognized arguments: --clip-grad-norm")
+
+
+def test_help_shows_defaults_units_and_the_run_lines():
+    proc = run("src/train_amp.py", "--help", timeout=120)
+    assert proc.returncode == 0
+    assert "(default: cnn)" in proc.stdout and "passes over the training set (default: 2)" in proc.stdout
+    assert "images per process per step (default: 128)" in proc.stdout
+    assert proc.stdout.rstrip().endswith(
+        "diff src/train.py src/train_amp.py                        # only the lines marked `# new #`"
+    )
+
+
+def test_importing_common_changes_nothing_global():
+    proc = subprocess.run(
+        [sys.executable, "-c", "import sys; sys.path.insert(0, 'src'); import common; "
+         "assert sys.excepthook is sys.__excepthook__"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_checkpoint_that_is_not_one_is_one_line(tmp_path):
+    (tmp_path / "last.pt").write_bytes(b"not a checkpoint at all")
+    proc = run("src/train.py", *CPU, "--subset", "512", "--checkpoint-dir", tmp_path, "--resume", timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, f"--resume: {tmp_path / 'last.pt'} is not a checkpoint of this model")
 
 
 def test_out_of_memory_is_one_line_with_advice():

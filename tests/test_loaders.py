@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 
 import pytest
@@ -120,19 +121,42 @@ def test_greyscale_jpegs_come_out_as_three_equal_channels(grey, tmp_path):
         )
 
 
-def test_dali_two_shards_are_disjoint_and_cover_the_files(tmp_path):
-    """24 classes of one file each, so a label names a file: RANK 0 and 1 of WORLD_SIZE 2 split them exactly."""
+def test_dali_under_torchrun_reads_disjoint_shards_and_rank_0_writes_the_sum(tmp_path):
+    """24 classes of one file each, so a label names a file: 2 ranks read 12 files each, the label counts summed over
+    the ranks are all 1 (disjoint, and together every file), rank 0 alone prints and writes, images/s is the sum."""
     root = grey_folder(tmp_path / "one-per-class", [1] * 24, val_per_class=1)
-    seen = []
-    for rank in (0, 1):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": "2"}
-        metrics, _ = loader_metrics(
-            "src/loader_DALI.py", root, tmp_path, "--loader-only", "--epochs", "1", "--batch-size", "4", env=env
-        )
-        counts = metrics["epochs"][0]["label_counts"]
-        assert metrics["world_size"] == 2 and sum(counts) == 12 and max(counts) == 1
-        seen.append({label for label, n in enumerate(counts) if n})
-    assert not seen[0] & seen[1] and seen[0] | seen[1] == set(range(24))
+    out = tmp_path / "m.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--log-dir", tmp_path / "logs", "--redirects", "3", "src/loader_DALI.py", *CPU, "--data-dir", root,
+         "--loader-only", "--epochs", "1", "--batch-size", "4", "--warmup-steps", "0", "--metrics-out", out],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["world_size"] == 2 and metrics["epochs"][0]["label_counts"] == [1] * 24
+    assert metrics["steps"] == 3  # 12 files per rank, batches of 4
+    per_rank = metrics["images_per_s_per_rank"]
+    assert len(per_rank) == 2 and all(r > 0 for r in per_rank)
+    assert metrics["images_per_s"] == pytest.approx(sum(per_rank))
+    stdout = {r: "".join(p.read_text() for p in (tmp_path / "logs").glob(f"**/{r}/stdout.log")) for r in (0, 1)}
+    assert "images/s" in stdout[0] and stdout[1].strip() == ""
+
+
+def test_dali_under_torchrun_without_loader_only_is_refused(tmp_path):
+    root = grey_folder(tmp_path / "g", [4] * 10)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "src/loader_DALI.py",
+         *CPU, "--data-dir", root, "--epochs", "1", "--batch-size", "4"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0  # one process: nothing to shard
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "src/loader_DALI.py",
+         *CPU, "--data-dir", root, "--epochs", "1", "--batch-size", "4"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode != 0 and "add --loader-only" in proc.stderr
 
 
 @pytest.mark.parametrize("script", SCRIPTS)

@@ -1,4 +1,4 @@
-"""The `# new #` checker (bench/check_markers.py): every variant passes, and each kind of mistake is caught."""
+"""The `# new #` checker (bench/check_markers.py): every chain passes, and each kind of mistake is caught."""
 
 import sys
 from pathlib import Path
@@ -32,10 +32,7 @@ import torch
 # new # no manual seed: the technique seeds elsewhere
 model = torch.nn.Linear(4, 2)
 scaler = torch.amp.GradScaler("cpu")  # new # a line the technique adds
-optimizer = torch.optim.SGD(
-    model.parameters(),
-    lr=0.1,
-)
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(3):
     # new # begin: a block
     with torch.autocast("cpu"):
@@ -57,32 +54,65 @@ def problems(tmp_path, variant, base=BASE):
     return check_markers.check(*write(tmp_path, base, variant))
 
 
-def test_every_variant_in_src_passes():
+CHAINS = {
+    "train_DP.py": "train.py",
+    "train_DDP.py": "train.py",
+    "train_DDP_elastic.py": "train_DDP.py",
+    "train_accum.py": "train_DDP.py",
+    "train_amp.py": "train.py",
+    "train_channels_last.py": "train_amp.py",
+    "train_compile.py": "train_channels_last.py",
+    "train_fast.py": "train_compile.py",
+    "train_model_parallel.py": "train.py",
+    "loader_DALI.py": "loader.py",
+}
+
+
+def test_every_chain_in_src_passes():
     proc = run("bench/check_markers.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for name in ["train_DP.py", "train_DDP.py", "train_amp.py"]:
-        assert f"{name} vs train.py" in proc.stdout
+    for variant, base in CHAINS.items():
+        assert f"{variant} vs {base}" in proc.stdout
 
 
-def test_pairs_cover_every_variant_script():
-    variants = {v.name for _, v in check_markers.pairs()}
-    assert {"train_DP.py", "train_DDP.py", "train_amp.py"} <= variants
-    assert all(b.name == "train.py" for b, v in check_markers.pairs() if v.name.startswith("train_"))
+def test_pairs_come_from_the_declarations_and_cover_every_script():
+    found = {v.name: b.name for b, v in check_markers.pairs()}
+    assert found == CHAINS
+    scripts = {p.name for p in check_markers.scripts()}
+    assert scripts == set(CHAINS) | {"train.py", "loader.py"}  # every script is a variant or a chain's root
+    assert check_markers.chain_problems() == []
 
 
-def test_a_well_marked_variant_passes_despite_rewrapping_and_comments(tmp_path):
+def test_tree_shows_the_chains_and_the_readme_has_it():
+    text = check_markers.tree()
+    assert text.startswith("train.py\n") and text.endswith("loader.py\n└── loader_DALI.py")
+    assert (
+        "├── train_amp.py\n│   └── train_channels_last.py\n│       └── train_compile.py\n│           └── train_fast.py"
+        in text
+    )
+    assert text in (REPO / "README.md").read_text()  # the README shows the same tree
+    proc = run("bench/check_markers.py", "--tree")
+    assert proc.returncode == 0 and proc.stdout.strip() == text
+
+
+def test_the_whole_chain_differs_from_its_root_only_in_marked_lines():
+    """Markers are inherited along a chain, so train_fast.py against train.py is clean as well."""
+    assert check_markers.check(REPO / "src" / "train.py", REPO / "src" / "train_fast.py") == []
+
+
+def test_a_well_marked_variant_passes_despite_indentation(tmp_path):
     assert problems(tmp_path, GOOD) == []
 
 
 def test_unmarked_insertion_is_caught(tmp_path):
     variant = GOOD.replace("for step in range(3):", 'print("hello")\nfor step in range(3):')
     found = problems(tmp_path, variant)
-    assert len(found) == 1 and f"{tmp_path / 'train_x.py'}:12:" in found[0] and "without a `# new #`" in found[0]
+    assert len(found) == 1 and f"{tmp_path / 'train_x.py'}:9:" in found[0] and "without a `# new #`" in found[0]
 
 
 def test_unmarked_change_is_caught(tmp_path):
     found = problems(tmp_path, GOOD.replace("lr=0.1", "lr=0.2"))
-    assert len(found) == 1 and ":8:" in found[0] and "optimizer = torch . optim . SGD ( model" in found[0]
+    assert len(found) == 1 and ":8:" in found[0] and "optimizer = torch . optim . SGD ( model" in found[0], found
 
 
 def test_unmarked_removal_is_caught(tmp_path):
@@ -101,7 +131,87 @@ def test_marker_on_an_unchanged_line_is_caught(tmp_path):
 def test_marker_on_an_unchanged_line_inside_a_block_is_caught(tmp_path):
     """Wrapping a base line in a block marks it too: only the `with` line is new, so it alone takes a marker."""
     found = problems(tmp_path, GOOD.replace(".float().sum()", ".sum()"))
-    assert len(found) == 1 and ":15:" in found[0] and "identical to train.py:9" in found[0], found
+    assert len(found) == 1 and ":12:" in found[0] and "identical to train.py:9" in found[0], found
+
+
+PARTIAL_BASE = '''"""A base script."""
+
+import torch
+
+torch.manual_seed(0)
+result = dict(
+    name="base",
+    size=3,
+    kind="plain",
+)
+print(result, flush=True)
+'''
+
+
+def test_a_partly_changed_call_needs_a_marker_on_each_changed_line(tmp_path):
+    good = PARTIAL_BASE.replace('    name="base",\n', '    name="variant",  # new #\n')
+    assert problems(tmp_path, good, base=PARTIAL_BASE) == []
+    # the same change with the marker on the call's first line: the changed line 7 is unmarked, line 6 needlessly
+    wrong = PARTIAL_BASE.replace("result = dict(", "result = dict(  # new #").replace('"base"', '"variant"')
+    found = problems(tmp_path, wrong, base=PARTIAL_BASE)
+    assert any(":7:" in p and "changed in part, without its own marker" in p for p in found), found
+    assert any(":6:" in p and "mark the changed lines only" in p for p in found), found
+    # two lines changed, one marked
+    two = good.replace('    kind="plain",\n', '    kind="fancy",\n')
+    found = problems(tmp_path, two, base=PARTIAL_BASE)
+    assert len(found) == 1 and ":9:" in found[0] and "without its own marker" in found[0], found
+
+
+def test_a_rewritten_comment_line_needs_a_marker(tmp_path):
+    base = PARTIAL_BASE.replace("torch.manual_seed(0)", "# -- data ----\ntorch.manual_seed(0)")
+    variant = base.replace('    name="base",\n', '    name="variant",  # new #\n')
+    changed = variant.replace("# -- data ----", "# -- data, on the GPU ----")
+    found = problems(tmp_path, changed, base=base)
+    assert len(found) == 1 and ":5:" in found[0] and "a comment line" in found[0], found
+    assert problems(tmp_path, variant.replace("# -- data ----", "# -- data, on the GPU  # new #"), base=base) == []
+
+
+def test_a_changed_comment_or_wrapping_of_unchanged_code_is_caught(tmp_path):
+    variant = GOOD.replace("lr=0.1)", "lr=0.1)  # the same rate")
+    found = problems(tmp_path, variant)
+    assert len(found) == 1 and ":8:" in found[0] and "only a comment or the wrapping differs" in found[0], found
+    rewrapped = GOOD.replace("SGD(model.parameters(), lr=0.1)", "SGD(\n    model.parameters(),\n    lr=0.1,\n)")
+    found = problems(tmp_path, rewrapped)
+    assert found and all("only a comment or the wrapping differs" in p for p in found), found
+
+
+def test_markers_are_inherited_along_a_chain(tmp_path):
+    """A variant of a variant keeps its base's markers; dropping or editing one is a change of its own."""
+    (tmp_path / "train.py").write_text(BASE)
+    (tmp_path / "train_x.py").write_text(
+        GOOD.replace('"""A base script."""', '"""X: train.py + a technique."""  # new #')
+    )
+    third = (tmp_path / "train_x.py").read_text()
+    third = third.replace("X: train.py + a technique", "Y: train_x.py + another").replace(
+        'print("done", flush=True)', 'print("done", flush=True)\nprint("more")  # new # what Y adds'
+    )
+    (tmp_path / "train_y.py").write_text(third)
+    assert check_markers.check(tmp_path / "train_x.py", tmp_path / "train_y.py") == []
+    assert check_markers.check(tmp_path / "train.py", tmp_path / "train_y.py") == []  # cumulative: still clean
+    dropped = third.replace("  # new # a line the technique adds", "")
+    (tmp_path / "train_y.py").write_text(dropped)
+    found = check_markers.check(tmp_path / "train_x.py", tmp_path / "train_y.py")
+    assert len(found) == 1 and ":7:" in found[0] and "only its comment or marker differs" in found[0], found
+    (tmp_path / "train_z.py").write_text((tmp_path / "train_x.py").read_text())  # only inherited markers
+    found = check_markers.check(tmp_path / "train_x.py", tmp_path / "train_z.py")
+    assert any("no `# new #` marker" in p for p in found), found  # inherited markers are not a new one
+
+
+def test_declarations_must_resolve(tmp_path):
+    (tmp_path / "train.py").write_text(BASE)
+    (tmp_path / "train_x.py").write_text(GOOD.replace('"""A base script."""', '"""X: train_missing.py + a."""'))
+    (tmp_path / "train_y.py").write_text(GOOD)  # markers, no declaration
+    (tmp_path / "a.py").write_text(GOOD.replace('"""A base script."""', '"""A: b.py + a loop."""'))
+    (tmp_path / "b.py").write_text(GOOD.replace('"""A base script."""', '"""B: a.py + a loop."""'))
+    found = check_markers.chain_problems(tmp_path)
+    assert any("train_x.py:1: declares base train_missing.py" in p for p in found), found
+    assert any("train_y.py:1: has `# new #` markers but declares no base" in p for p in found), found
+    assert any("a.py:1: its chain of bases loops" in p for p in found), found
 
 
 @pytest.mark.parametrize(
@@ -115,7 +225,7 @@ def test_misspelled_marker_is_caught(tmp_path, spelling):
 
 def test_unclosed_block_is_caught(tmp_path):
     found = problems(tmp_path, GOOD.replace("    # new # end\n", ""))
-    assert any(":13:" in p and "unclosed block" in p for p in found), found
+    assert any(":10:" in p and "unclosed block" in p for p in found), found
 
 
 def test_nested_block_is_caught(tmp_path):

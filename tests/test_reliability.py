@@ -1,4 +1,5 @@
-"""Runs that survive: DDP under `torchrun --max-restarts` after a worker is SIGKILLed, and --deterministic runs."""
+"""Runs that survive: train_DDP_elastic.py under `torchrun --max-restarts` after a worker is SIGKILLed, and
+--deterministic runs."""
 
 import json
 import os
@@ -20,7 +21,7 @@ RESTARTABLE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 # 12,800 images x 2 epochs, global batch 128: 100 steps an epoch, so a checkpoint every 40 steps lands mid-epoch.
 DDP = [
-    "src/train_DDP.py", "--device", "cpu", "--workers", "0", "--subset", "12800", "--batch-size", "64",
+    "src/train_DDP_elastic.py", "--device", "cpu", "--workers", "0", "--subset", "12800", "--batch-size", "64",
     "--epochs", "2", "--seed", "0", "--warmup-steps", "3", "--log-every", "1000",
 ]  # fmt: skip
 
@@ -38,7 +39,7 @@ def _worker_pid(agent: int, rank: int) -> int | None:
     return None
 
 
-def test_ddp_survives_a_killed_worker_and_finishes_like_an_uninterrupted_run(tmp_path):
+def test_elastic_ddp_survives_a_killed_worker_and_finishes_like_an_uninterrupted_run(tmp_path):
     reference = subprocess.run(
         [*TORCHRUN, *DDP, "--metrics-out", tmp_path / "reference.json"], cwd=REPO, capture_output=True, text=True,
         timeout=600,
@@ -112,9 +113,9 @@ def test_without_the_flag_deterministic_algorithms_stay_off(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text())["env"]["deterministic_algorithms"] is False
 
 
-def test_ddp_resumes_a_run_that_max_steps_cut_mid_epoch(tmp_path):
+def test_elastic_ddp_resumes_a_run_that_max_steps_cut_mid_epoch(tmp_path):
     """--max-steps 10 ends epoch 1 after 10 of its 16 steps; --resume then runs epoch 2 whole (nothing to skip)."""
-    flags = [*TORCHRUN[:5], "1", "src/train_DDP.py", *DDP[1:6], "2048", "--batch-size", "128", "--epochs", "2",
+    flags = [*TORCHRUN[:5], "1", "src/train_DDP_elastic.py", *DDP[1:6], "2048", "--batch-size", "128", "--epochs", "2",
              "--log-every", "1000", "--checkpoint-dir", tmp_path]  # fmt: skip
     first = subprocess.run([*flags, "--max-steps", "10"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr

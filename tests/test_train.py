@@ -1,12 +1,14 @@
 """train.py on real Fashion-MNIST, as real subprocesses: it learns, writes complete metrics, and resumes."""
 
 import json
+import re
+import subprocess
 import time
 
 import pytest
 import torch
 
-from conftest import run
+from conftest import REPO, run
 
 QUICK = [
     "--device",
@@ -46,7 +48,8 @@ def test_learns_on_a_subset(two_epochs):
     assert second["val_loss"] < 2.3
     assert metrics["test_acc"] == second["val_acc"] > 0.7  # chance is 0.1
     assert metrics["time_to_target_s"] is not None and metrics["time_to_target_s"] <= second["train_s"]
-    assert "step 8/64 loss" in stdout  # the --log-every progress line
+    assert "step 8/64 loss" in stdout  # the --log-every progress line, with the rate since the previous one
+    assert re.search(r"step 16/64 loss \S+, \d+ images/s, [\d.]+ ms/step", stdout), stdout
 
 
 def test_metrics_json_is_complete(two_epochs):
@@ -76,6 +79,11 @@ def test_metrics_json_is_complete(two_epochs):
         "time_to_target_s",
         "train_s",
         "status",
+        "args",
+        "images_per_s_note",
+        "first_step_s",
+        "windows",
+        "time_to_target_incl_compile_s",
     ]:
         assert key in metrics, key
     assert metrics["script"] == "train.py" and metrics["status"] == "ok" and metrics["world_size"] == 1
@@ -86,6 +94,34 @@ def test_metrics_json_is_complete(two_epochs):
     assert metrics["measured_steps"] == 2 * 32 - 5  # 4096 / 128 steps per epoch, warm-up left out
     assert metrics["env"]["torch"] == torch.__version__ and metrics["env"]["cpu_count"] > 0
     assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    assert metrics["windows"] == 2  # one measured window per epoch: evaluation falls between them
+
+
+def test_metrics_hold_their_provenance(two_epochs):
+    """The commit, every flag with its value (defaults too), the CPU and its bf16 capability, the versions."""
+    metrics, _, _ = two_epochs
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    assert metrics["env"]["git"]["commit"] == head and isinstance(metrics["env"]["git"]["dirty"], bool)
+    args = metrics["args"]
+    assert args["model"] == "cnn" and args["batch_size"] == 128 and args["subset"] == 4096  # given
+    assert args["lr"] == 0.005 and args["seed"] == 0 and args["deterministic"] is False  # defaults, resolved
+    env = metrics["env"]
+    assert env["cpu_model"] and isinstance(env["bf16_instructions"], bool)
+    flags = open("/proc/cpuinfo").read()
+    assert env["bf16_instructions"] == ("avx512_bf16" in flags or "amx_bf16" in flags)
+    assert set(env["cpu_flags"]) <= {"avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"}
+
+
+def test_a_run_shorter_than_its_warmup_says_not_measured(tmp_path):
+    proc = run(
+        "src/train.py", *QUICK[:4], "--subset", "256", "--batch-size", "128", "--epochs", "1", "--workers", "0",
+        "--warmup-steps", "10", "--metrics-out", tmp_path / "m.json", timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert "not measured: the run's 2 steps are all within --warmup-steps 10" in proc.stdout
+    assert "0.0 images/s" not in proc.stdout
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["images_per_s"] is None and metrics["images_per_s_note"].startswith("not measured")
 
 
 def test_resume_continues_from_the_saved_epoch(tmp_path):

@@ -89,7 +89,7 @@ def test_ddp_only_rank_0_prints_and_writes(ddp):
 
 def test_ddp_metrics_are_global(ddp):
     _, metrics, _ = ddp
-    assert metrics["script"] == "train_DDP.py" and metrics["technique"] == "DistributedDataParallel"
+    assert metrics["script"] == "train_DDP.py" and metrics["technique"] == "DDP"
     assert metrics["world_size"] == 2 and metrics["gpus"] == 0
     assert metrics["batch_size"] == 128 and metrics["global_batch"] == 256
     assert metrics["steps"] == 2 * 2048 // 256  # each rank ran its half of the data
@@ -163,7 +163,7 @@ def test_amp_bfloat16_on_cpu_computes_in_bfloat16_and_matches_fp32_accuracy(tmp_
     fp32, amp = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("fp32", "amp"))
     assert fp32["epochs"][-1]["logits_dtype"] == "torch.float32"
     assert amp["epochs"][-1]["logits_dtype"] == "torch.bfloat16"  # the forward really ran in bfloat16
-    assert amp["precision"] == "amp bfloat16" and amp["technique"] == "amp"
+    assert amp["precision"] == "amp bfloat16" and amp["technique"] == "AMP"
     assert abs(amp["test_acc"] - fp32["test_acc"]) <= 0.01
     assert amp["test_acc"] > 0.8
 
@@ -206,7 +206,7 @@ def test_dp_runs_on_cpu_says_so_and_its_checkpoint_loads_into_train_py(tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "DataParallel needs 2+ GPUs to split the batch, 0 visible" in proc.stdout
     metrics = json.loads((tmp_path / "m.json").read_text())
-    assert metrics["technique"] == "DataParallel" and metrics["gpus"] == 0 and metrics["world_size"] == 1
+    assert metrics["technique"] == "DP" and metrics["gpus"] == 0 and metrics["world_size"] == 1
     assert metrics["test_images"] == 10_000 and metrics["test_acc"] > 0.3
     state = torch.load(tmp_path / "last.pt", weights_only=False)
     assert not any(key.startswith("module.") for key in state["model"])

@@ -1,0 +1,193 @@
+# new # begin: this script's own docstring
+"""Elastic DDP: train_DDP.py + mid-epoch checkpoints and a resume that skips done batches, so torchrun restarts.
+
+A worker that dies (a preempted node, an OOM kill, a hardware fault) fails the whole group: the other ranks stop in
+their next collective. `torchrun --max-restarts K` then stops the survivors and starts the group again, up to K times.
+This script makes that restart continue where it stopped instead of from step 0: rank 0 saves last.pt every
+--checkpoint-every steps and at each epoch end (atomically), with the finished epochs, the global step, the sampler's
+epoch and the per-epoch records; with --resume every rank loads it, the one-cycle schedule continues at that step,
+sampler.set_epoch gives the same shuffle, and the batches the epoch had already run are skipped, so the restarted job
+sees the same data in the same order. At most --checkpoint-every steps are repeated.
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun's agent shares one TCP store with its workers and keeps it across
+restarts, so a restarted group can read the dead group's addresses and fail to connect (gloo `connectFullMesh ...
+Connection refused`, pytorch/pytorch#135712); with the variable each attempt gets a fresh store.
+Not handled: resuming with another world size (the steps of an epoch change with it; use a new --checkpoint-dir).
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP_elastic.py \
+        --checkpoint-dir ckpt --checkpoint-every 200 --resume
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --max-restarts 1 src/train_DDP_elastic.py \
+        --device cpu --workers 1 --checkpoint-dir ckpt --checkpoint-every 50 --resume
+    diff src/train_DDP.py src/train_DDP_elastic.py                  # only the lines marked `# new #`
+"""
+# new # end
+
+import itertools  # new #
+import os  # new #
+
+import torch
+import torch.distributed as dist  # new #
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel as DDP  # new #
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler  # new #
+
+import common
+
+parser = common.get_parser(__doc__)
+parser.add_argument(  # new #
+    "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on CUDA, else gloo"
+)
+parser.add_argument(  # new #
+    "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
+)
+parser.add_argument(  # new #
+    "--checkpoint-every", type=common.positive_int, default=None, help="also save last.pt every N steps (mid-epoch)"
+)
+args = common.parse_args(parser)
+# new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
+if "LOCAL_RANK" not in os.environ:
+    common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_DDP.py --device cpu` (no RANK set)")
+local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
+# new # end
+generator = common.seed_everything(args.seed, args.deterministic)
+device = common.get_device(args.device)
+# new # begin: one device per process, then the process group
+if device.type == "cuda":
+    if local_rank >= torch.cuda.device_count():
+        common.die(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)  # before the process group, so NCCL binds this GPU and not GPU 0
+else:
+    torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # share the cores
+backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+if backend == "nccl" and device.type != "cuda":
+    common.die("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, which torchrun sets
+# new # end
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+sampler = None  # new # synthetic data: every rank makes its own batch
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    test_set = torch.utils.data.Subset(test_set, range(rank, len(test_set), world_size))  # no padding: each image once
+    # new # end
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,  # new # instead of shuffle=True: the sampler shuffles
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+# new # begin: wrap the model; DDP broadcasts rank 0's weights, then all-reduces gradients during backward
+if args.sync_bn and device.type == "cuda":
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over the global batch
+elif args.sync_bn and master:
+    print("train_DDP.py: --sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); BatchNorm per process", flush=True)
+model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
+# new # end
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+epochs_before = []  # new # per-epoch records of the attempts before a restart
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # every rank loads the same file
+    epochs_before = state.get("epochs", [])  # new #
+    start_epoch, step = state["epoch"], state["step"]
+    if master:  # new #
+        print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs = epochs_before  # new #
+if master:  # new #
+    print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
+        sampler.set_epoch(epoch)  # new #
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    done = max(0, step - epoch * len(train_loader))  # new # > 0 only in an epoch resumed mid-way: skip its first steps
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # new #
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if master and step % args.log_every == 0:  # new #
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
+        # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps (rank 0 writes; replicas are equal)
+        if checkpoint and master and args.checkpoint_every and step % args.checkpoint_every == 0:
+            common.save_checkpoint(checkpoint, model.module, optimizer, epoch, step, sampler_epoch=epoch, epochs=epochs)
+            print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
+        # new # end
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
+    # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
+    n = len(test_loader.dataset)
+    totals = torch.tensor([val_loss * n, val_acc * n, n], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)  # sum over ranks
+    val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
+    # new # end
+    epochs.append(
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
+    )
+    if master:  # new #
+        print(common.epoch_line(epochs[-1]), flush=True)
+    if checkpoint and master:  # new # rank 0 writes; every replica is the same
+        common.save_checkpoint(  # new # no "module." prefix; the sampler's epoch and the records, for a restart
+            checkpoint, model.module, optimizer, epoch + 1, step, sampler_epoch=epoch + 1, epochs=epochs
+        )
+    if step == total_steps:
+        break
+
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = common.gather_summary(meter.summary())  # new # images/s summed over ranks, peak memory the max
+if master:  # new #
+    common.report(
+        args,
+        summary,
+        epochs,
+        script="train_DDP_elastic.py",  # new #
+        technique="elastic DDP",  # new #
+        precision=common.precision_label(device),
+        device=device,
+        world_size=world_size,  # new #
+        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
+        steps=step,
+        test_images=test_images,  # new # summed over the ranks' shards
+    )
+dist.destroy_process_group()  # new # leave the group cleanly before exiting

@@ -1,0 +1,169 @@
+# new # begin: this script's own docstring
+"""torch.compile: train_channels_last.py + torch.compile of the model, compile time kept out of the images/s.
+
+TorchDynamo traces the model's forward into a graph at the first call, and Inductor compiles the graph (and the
+backward that AOTAutograd derives from it) into fused kernels: Triton on a GPU, C++/OpenMP on a CPU (which needs a C++
+compiler, g++ or $CXX). Fusing the batch norms, ReLUs and residual additions between the convolutions removes most of
+the memory traffic and kernel launches that eager mode pays for. Compiling takes seconds to minutes once, at the first
+step: the Meter leaves warm-up steps out of images/s, and the metrics report `compile_s` (the first step's seconds)
+apart, with the time to the target accuracy given both without and with it. Pitfalls, with the line that avoids each:
+a new input shape recompiles (the last partial batch: `drop_last=True`; `dynamic=False` makes that explicit; the eval
+batch: evaluation runs the eager `model`, which also avoids the train/eval recompilation); checkpoints of the compiled
+module have an `_orig_mod.` prefix (save `model`, which torch.compile wrapped, so train.py and --resume load it);
+`.item()` or Python control flow on tensor values inside a model breaks the graph in two (keep them out of forward).
+
+    python src/train_compile.py                                      # float16 + NHWC + compile on CUDA
+    python src/train_compile.py --compile-mode max-autotune          # longer compile, autotuned kernels
+    python src/train_compile.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
+    diff src/train_channels_last.py src/train_compile.py            # only the lines marked `# new #`
+"""
+# new # end
+
+import os  # new #
+import shutil  # new #
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+import common
+
+parser = common.get_parser(__doc__)
+parser.add_argument(  # new #
+    "--amp-dtype", choices=["float16", "bfloat16"], default=None, help="default: float16 on CUDA, bfloat16 on CPU"
+)
+parser.add_argument(  # new #
+    "--compile-mode",
+    choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
+    default="default",
+    help="torch.compile's mode: reduce-overhead adds CUDA graphs, max-autotune benchmarks kernels (slower to compile)",
+)
+args = common.parse_args(parser)
+generator = common.seed_everything(args.seed, args.deterministic)
+device = common.get_device(args.device)
+# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
+amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
+if amp_dtype == "float16" and device.type == "cpu":
+    print("AMP: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
+    amp_dtype = "bfloat16"
+if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+    print("AMP: this GPU has no bfloat16 (needs compute capability 8.0+); running float16 instead", flush=True)
+    amp_dtype = "float16"
+amp_dtype = getattr(torch, amp_dtype)
+# new # end
+# new # begin: on a CPU, Inductor compiles C++: check for a compiler now rather than after the first batch
+if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
+    common.die(
+        f"torch.compile on CPU needs a C++ compiler: {os.environ.get('CXX', 'g++')} not found (apt-get install g++)"
+    )
+# new # end
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device, memory_format=torch.channels_last)  # new #
+# new # begin: a permute or .view in the model would silently turn activations back to NCHW: check every conv once
+outputs = []
+hooks = [
+    m.register_forward_hook(lambda m, i, out: outputs.append(out)) for m in model.modules() if isinstance(m, nn.Conv2d)
+]
+channels, side = common.input_shape(args)
+with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype):
+    model.eval()(torch.zeros(2, channels, side, side, device=device).to(memory_format=torch.channels_last))
+for hook in hooks:
+    hook.remove()
+if not all(out.is_contiguous(memory_format=torch.channels_last) for out in outputs):
+    common.die("a convolution's output is not channels_last: a permute or .view in the model turned it back to NCHW")
+# new # end
+compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)  # new # `model` stays eager: eval, checkpoints
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    start_epoch, step = state["epoch"], state["step"]
+    scaler.load_state_dict(state["scaler"])  # new # the loss scale it had learned
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs = []
+print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True, memory_format=torch.channels_last)  # new # NHWC, like the weights
+        labels = labels.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=amp_dtype):  # new # convs/matmuls in low precision, reductions in fp32
+            logits = compiled(images)  # new # compiles at the first call (a warm-up step)
+            loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()  # new # scaled loss: small fp16 gradients do not flush to zero
+        if args.clip_grad_norm:
+            scaler.unscale_(optimizer)  # new # clip the true gradients, not the scaled ones
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        scaler.step(optimizer)  # new # unscales, and skips the step if a gradient is inf/nan
+        scaler.update()  # new # lower the scale after an overflow, raise it after a run of good steps
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = common.evaluate(model, test_loader, device)
+    epochs.append(
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
+    )
+    print(common.epoch_line(epochs[-1]), flush=True)
+    if checkpoint:
+        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step, scaler=scaler.state_dict())  # new #
+    if step == total_steps:
+        break
+
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = meter.summary()
+common.report(
+    args,
+    summary,
+    epochs,
+    script="train_compile.py",  # new #
+    technique="compile",  # new #
+    precision=f"amp {str(amp_dtype).removeprefix('torch.')} + channels_last",  # new #
+    device=device,
+    steps=step,
+    compile_s=summary["first_step_s"],  # new # the first step, where the compile happens
+    compile_mode=args.compile_mode,  # new #
+    test_images=len(test_loader.dataset),  # evaluate() counts every one of them
+)

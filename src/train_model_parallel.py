@@ -1,0 +1,162 @@
+# new # begin: this script's own docstring
+"""Model parallelism: train.py + the model cut into two stages on two devices, micro-batches pipelined through them.
+
+When a model does not fit in one GPU's memory, put its first layers on cuda:0 and the rest on cuda:1 and move the
+activations between them: each GPU holds half the weights, gradients and optimizer state. Run naively, one GPU waits
+while the other works. Split-batch pipelining (PyTorch's "Single-Machine Model Parallel Best Practices") cuts each
+batch into --micro-batches pieces: while stage 1 runs micro-batch i on cuda:1, stage 0 already runs micro-batch i+1 on
+cuda:0, because CUDA calls return before the kernels finish. The cut is at half the parameters. With fewer than 2 GPUs
+both stages run on one device (the nearest honest equivalent, said in one line): the same code, no overlap, so it
+only costs time; it helps when a model does not fit one GPU, not for speed on one that fits (see the tables). Pitfalls:
+BatchNorm sees micro-batches; the labels must be on the last stage's device; the checkpoint is the original model's
+state dict (the stages share its layers), so train.py loads it.
+
+    python src/train_model_parallel.py --micro-batches 4                    # cuda:0 + cuda:1, or one device
+    python src/train_model_parallel.py --model resnet50 --dataset synthetic --batch-size 256 --micro-batches 8
+    diff src/train.py src/train_model_parallel.py                           # only the lines marked `# new #`
+"""
+# new # end
+
+import torch
+import torch.nn as nn
+import torchvision  # new #
+from torch.utils.data import DataLoader
+
+import common
+
+parser = common.get_parser(__doc__)
+parser.add_argument(  # new #
+    "--micro-batches", type=common.positive_int, default=4, help="pieces each batch is cut into for the pipeline"
+)
+args = common.parse_args(parser)
+if args.batch_size % args.micro_batches:  # new #
+    parser.error(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")  # new #
+generator = common.seed_everything(args.seed, args.deterministic)
+device = common.get_device(args.device)
+# new # begin: one device per stage; with fewer than 2 GPUs both stages share one (and say so)
+if device.type == "cuda" and torch.cuda.device_count() >= 2:
+    devices = [torch.device("cuda", 0), torch.device("cuda", 1)]
+else:
+    devices = [device, device]
+    print(f"model parallelism needs 2 GPUs, {torch.cuda.device_count()} visible: both stages on {device}", flush=True)
+# new # end
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+# new # begin: cut the model into two stages at half its parameters, stage 0 on devices[0], stage 1 on devices[1]
+layers = list(model.children())
+if isinstance(model, torchvision.models.ResNet):
+    layers.insert(-1, nn.Flatten(1))  # ResNet.forward flattens before fc; as a layer list, it needs that as a layer
+sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
+cut = next(i for i in range(1, len(layers)) if sum(sizes[:i]) >= sum(sizes) / 2)
+stages = [nn.Sequential(*layers[:cut]).to(devices[0]), nn.Sequential(*layers[cut:]).to(devices[1])]
+
+
+class Pipeline(nn.Module):
+    """The two stages as one module: (N, C, H, W) on devices[0] -> (N, classes) logits on devices[1]."""
+
+    def __init__(self, stages, micro_batches: int):
+        super().__init__()
+        self.stages, self.micro_batches = nn.ModuleList(stages), micro_batches
+
+    def forward(self, images):
+        chunks = iter(images.split(images.size(0) // self.micro_batches))
+        outputs, moved = [], self.stages[0](next(chunks)).to(devices[1])  # the first micro-batch fills the pipeline
+        for chunk in chunks:
+            outputs.append(self.stages[1](moved))  # stage 1 on micro-batch i (queued on devices[1]) ...
+            moved = self.stages[0](chunk).to(devices[1])  # ... while stage 0 runs micro-batch i + 1 on devices[0]
+        outputs.append(self.stages[1](moved))
+        return torch.cat(outputs)
+
+
+pipeline = Pipeline(stages, args.micro_batches)  # `model` keeps its own keys: checkpoints load into train.py
+# new # end
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    start_epoch, step = state["epoch"], state["step"]
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(devices, args.warmup_steps)  # new # synchronise both stages' devices at the window edges
+epochs = []
+print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    loss_sum = torch.zeros((), device=devices[1])  # new # summed where the loss is: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(devices[0], non_blocking=True)  # new # the first stage's device
+        labels = labels.to(devices[1], non_blocking=True)  # new # where the logits come out
+        logits = pipeline(images)  # new #
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = common.evaluate(pipeline, test_loader, devices[0])  # new #
+    epochs.append(
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
+    )
+    print(common.epoch_line(epochs[-1]), flush=True)
+    if checkpoint:
+        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
+    if step == total_steps:
+        break
+
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = meter.summary()
+common.report(
+    args,
+    summary,
+    epochs,
+    script="train_model_parallel.py",  # new #
+    technique="model parallel",  # new #
+    precision=common.precision_label(device),
+    device=device,
+    gpus=len(set(devices)) if device.type == "cuda" else 0,  # new #
+    micro_batches=args.micro_batches,  # new #
+    stages=[str(d) for d in devices],  # new #
+    steps=step,
+    test_images=len(test_loader.dataset),  # evaluate() counts every one of them
+)
