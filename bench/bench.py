@@ -38,13 +38,13 @@ sys.path.insert(0, str(REPO / "src"))
 import matplotlib  # noqa: E402
 
 matplotlib.use("Agg")  # no display needed
+import diff_pages  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import common  # noqa: E402
-import diff_pages  # noqa: E402
 
 # What a configuration is (the same in each of its runs), then what a run measures.
 CONFIG_FIELDS = [
@@ -599,7 +599,9 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
         first = ips.iloc[0] or float("nan")
         bars = ax.barh([str(r.config)[:60] for r in rungs.itertuples()], ips, color="tab:green")
         labels = [
-            f"{_x(r.speedup_rung)} base, {_x(v / first)} cumulative" if v else "not measured"
+            f"{_x(r.speedup_rung)} base, {_x(v / first)} cumulative"
+            if v
+            else (_text(r.status) if r.status != "ok" else "not measured")
             for r, v in zip(rungs.itertuples(), ips, strict=True)
         ]
         ax.bar_label(bars, labels, padding=4, fontsize=8)
@@ -614,6 +616,29 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
     common.atomic_write_text(path, frame.to_csv(index=False))
+
+
+def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, profile: str) -> pd.DataFrame:
+    """summary.csv, table.md, ladder.md and the plots and pages, from the runs (one row per run) and the matrix
+    (order, baselines, ladders); `env` is the machine's (env.json). Returns the summary."""
+    for key in ["status", "reason", "dataset", "epochs", "images_per_s"]:
+        if key not in runs:
+            runs[key] = None
+    summary = summarise(runs, matrix)
+    write_csv(summary, out / "summary.csv")
+    repeats = sorted({run["repeats"] for run in matrix})
+    table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)")
+    common.atomic_write_text(out / "table.md", table_md)
+    ladders = ladder_markdown(summary)
+    if ladders:
+        common.atomic_write_text(
+            out / "ladder.md", f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{ladders}"
+        )
+    plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}")
+    diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
+    print(table_md)
+    print(f"bench: tables, plots and the side-by-side pages are in {out} (open {out / 'index.html'})")
+    return summary
 
 
 def main() -> None:
@@ -634,6 +659,12 @@ def main() -> None:
         "--resume",
         action="store_true",
         help="keep the ok runs already in OUT/runs.csv (same command, metrics JSON present) and run only the others",
+    )
+    parser.add_argument(
+        "--tables-only",
+        action="store_true",
+        help="run nothing: write the tables, plots and pages of OUT from its runs.csv and env.json (e.g. after the "
+        "runner itself was killed before it wrote them)",
     )
     args = parser.parse_args()
     if args.repeats is not None and args.repeats < 1:
@@ -664,6 +695,13 @@ def main() -> None:
     if not os.access(out, os.W_OK):
         fail(f"cannot write into --out {out}; pick a folder you own")
     done = finished_rows(out) if args.resume else {}
+    if args.tables_only:
+        try:
+            runs, env = pd.read_csv(out / "runs.csv", dtype={"config": str}), json.loads((out / "env.json").read_text())
+        except (OSError, ValueError) as error:
+            fail(f"--tables-only needs {out}/runs.csv and env.json from an earlier run ({error})")
+        write_tables(out, runs, matrix, env, env.get("profile", profile))
+        return
 
     env = {
         **common.environment(),
@@ -705,24 +743,8 @@ def main() -> None:
         interrupted = True
         print("bench: interrupted; writing the rows that finished (add --resume to run the rest)", file=sys.stderr)
     runs = pd.DataFrame(rows)
-    for key in ["status", "reason", "dataset", "epochs", "images_per_s"]:
-        if key not in runs:
-            runs[key] = None
     write_csv(runs, out / "runs.csv")
-    summary = summarise(runs, matrix)
-    write_csv(summary, out / "summary.csv")
-    repeats = sorted({run["repeats"] for run in matrix})
-    table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)")
-    common.atomic_write_text(out / "table.md", table_md)
-    ladders = ladder_markdown(summary)
-    if ladders:
-        common.atomic_write_text(
-            out / "ladder.md", f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{ladders}"
-        )
-    plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}")
-    diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
-    print(table_md)
-    print(f"bench: tables, plots and the side-by-side pages are in {out} (open {out / 'index.html'})")
+    summary = write_tables(out, runs, matrix, env, profile)
     if interrupted:
         raise SystemExit(130)  # the shell's code for Ctrl-C
     failed = (summary.status != "ok") & (summary.status != "skipped")

@@ -28,8 +28,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO / "src"))
 
-import common  # noqa: E402
 from check_markers import Parsed, compare, opcodes, pairs, parse, title, tree  # noqa: E402
+
+import common  # noqa: E402
 
 CSS = """
 body { font: 14px/1.45 system-ui, sans-serif; margin: 1.5em; color: #1f2328; }

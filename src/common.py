@@ -332,12 +332,25 @@ def find_fashion_mnist(data_dir: Path | None = None, search: list[Path] | None =
     raise DataNotFound(f"no Fashion-MNIST in {', '.join(map(str, search))}; {how}")
 
 
+class BadDataFile(ValueError):
+    """Raised by `read_idx` / `fashion_mnist` for a data file that is truncated, foreign or inconsistent."""
+
+
 def read_idx(path: Path) -> np.ndarray:
-    """Read a gzipped IDX file (the MNIST format: big-endian magic, dims, then uint8 data) into a uint8 array."""
-    with gzip.open(path, "rb") as f:
-        raw = f.read()
+    """Read a gzipped IDX file (the MNIST format: magic 0x0000 08 NDIM, NDIM big-endian sizes, then uint8 data) into a
+    uint8 array of those sizes. Raises BadDataFile naming the file when it is not gzip, is truncated, has another magic
+    number or holds a different number of bytes than its header says."""
+    try:
+        with gzip.open(path, "rb") as f:
+            raw = f.read()
+    except (OSError, EOFError) as error:
+        raise BadDataFile(f"{path} is not a readable gzip file ({error})") from None
+    if len(raw) < 4 or raw[:3] != b"\x00\x00\x08" or not 1 <= raw[3] <= 4:
+        raise BadDataFile(f"{path} is not an IDX file of bytes (magic {raw[:4].hex() or 'missing'}, expected 000008xx)")
     ndim = raw[3]
     shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
+    if len(raw) != 4 + 4 * ndim + int(np.prod(shape)):
+        raise BadDataFile(f"{path} holds {len(raw) - 4 - 4 * ndim} bytes of data, its header says {shape}: truncated?")
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
@@ -346,13 +359,23 @@ def fashion_mnist(folder: Path, subset: int | None = None):
 
     images: float32 (N, 1, 28, 28), normalised with the training set's mean and std (computed here, ~0.286 / 0.353);
     labels: int64 (N,). Train has 60,000 images (the first `subset` if given), test always all 10,000.
+    Raises BadDataFile when a file is unreadable or the images and labels do not match (sizes, labels 0-9).
     """
     f = {key: folder / name for key, name in FASHION_MNIST_FILES.items()}
-    train_x = torch.from_numpy(read_idx(f["train_images"]).copy()).unsqueeze(1).float().div_(255)
-    test_x = torch.from_numpy(read_idx(f["test_images"]).copy()).unsqueeze(1).float().div_(255)
+    arrays = {key: read_idx(path) for key, path in f.items()}
+    for split in ("train", "test"):
+        images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+        if images.ndim != 3 or images.shape[1:] != (28, 28) or labels.shape != images.shape[:1]:
+            raise BadDataFile(
+                f"{f[split + '_images']} and its labels are {images.shape} and {labels.shape}, not N x 28 x 28 and N"
+            )
+        if labels.size and labels.max() >= 10:
+            raise BadDataFile(f"{f[split + '_labels']} has label {labels.max()}; Fashion-MNIST's are 0-9")
+    train_x = torch.from_numpy(arrays["train_images"].copy()).unsqueeze(1).float().div_(255)
+    test_x = torch.from_numpy(arrays["test_images"].copy()).unsqueeze(1).float().div_(255)
     mean, std = train_x.mean(), train_x.std()
-    train_y = torch.from_numpy(read_idx(f["train_labels"]).astype(np.int64))
-    test_y = torch.from_numpy(read_idx(f["test_labels"]).astype(np.int64))
+    train_y = torch.from_numpy(arrays["train_labels"].astype(np.int64))
+    test_y = torch.from_numpy(arrays["test_labels"].astype(np.int64))
     if subset is not None:
         train_x, train_y = train_x[:subset], train_y[:subset]
     return (
@@ -392,7 +415,10 @@ def load_data(args: argparse.Namespace):
         folder = find_fashion_mnist(args.data_dir)
     except DataNotFound as error:
         die(str(error))
-    train_set, test_set = fashion_mnist(folder, args.subset)
+    try:
+        train_set, test_set = fashion_mnist(folder, args.subset)
+    except BadDataFile as error:
+        die(f"{error}; replace the four Fashion-MNIST files (apt-get install --reinstall dataset-fashion-mnist)")
     if len(train_set) < args.batch_size:
         die(
             f"--batch-size {args.batch_size} is larger than the {len(train_set)} training images; "
@@ -765,11 +791,13 @@ def gpu_info() -> list[dict]:
 
 
 def git_state() -> dict:
-    """The commit of the checkout (and whether tracked files differ from it); `SPEEDUPS_COMMIT` when there is no
-    git checkout (e.g. a copied tree on another machine)."""
+    """The commit of the checkout and whether tracked files differ from it. `SPEEDUPS_COMMIT`, when set, wins: a
+    tree copied to another machine may carry no .git, or a stale one (dirty then says None: not checked)."""
+    if os.environ.get("SPEEDUPS_COMMIT"):
+        return {"commit": os.environ["SPEEDUPS_COMMIT"], "dirty": None}
     commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
     if commit is None:
-        return {"commit": os.environ.get("SPEEDUPS_COMMIT"), "dirty": None}
+        return {"commit": None, "dirty": None}
     dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
     return {"commit": commit, "dirty": bool(dirty)}
 

@@ -143,7 +143,8 @@ common.report(
     loader="torch DataLoader",
     workers=args.workers,
     loader_only=args.loader_only,
-    precision=f"amp {args.amp_dtype}" if amp_dtype else common.precision_label(device),
+    precision=(f"amp {args.amp_dtype}" if amp_dtype else common.precision_label(device))
+    + (" + channels_last" if args.channels_last else ""),
     model="none (loader only)" if args.loader_only else args.model,
     dataset=args.data_dir.name,
     image_size=args.image_size,

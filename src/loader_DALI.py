@@ -55,7 +55,7 @@ if world_size > 1:
     dist.init_process_group("gloo")  # only to sum images/s and the label counts over the ranks at the end
 threads = args.threads or max(1, args.workers)
 gpu = device.type == "cuda"
-if not gpu:
+if not gpu and rank == 0:
     print("loader_DALI.py: no GPU: DALI's CPU-only mode (device_id=None), decoding on the CPU, not 'mixed'", flush=True)
 # new # end
 
@@ -96,7 +96,12 @@ class DALILoader:
     def __init__(self, pipeline, last_batch_policy):
         self.pipeline = pipeline
         self.iterator = DALIGenericIterator(
-            pipeline, ["images", "labels"], reader_name="Reader", last_batch_policy=last_batch_policy, auto_reset=True
+            pipeline,
+            ["images", "labels"],
+            reader_name="Reader",
+            last_batch_policy=last_batch_policy,
+            auto_reset=True,
+            prepare_first_batch=False,  # a corrupt first file fails in the loop, where it is named, not here
         )  # reader_name: the epoch ends when the reader has read its shard once
 
     def __len__(self):
@@ -202,7 +207,8 @@ if rank == 0:  # new # only rank 0 writes
         loader=f"DALI {'mixed' if gpu else 'cpu'}",  # new #
         workers=threads,  # new #
         loader_only=args.loader_only,
-        precision=f"amp {args.amp_dtype}" if amp_dtype else common.precision_label(device),
+        precision=(f"amp {args.amp_dtype}" if amp_dtype else common.precision_label(device))
+        + (" + channels_last" if args.channels_last else ""),
         model="none (loader only)" if args.loader_only else args.model,
         dataset=args.data_dir.name,
         image_size=args.image_size,

@@ -61,17 +61,19 @@ else:
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args)).to(device, memory_format=torch.channels_last)  # new #
 # new # begin: a permute or .view in the model would silently turn activations back to NCHW: check every conv once
-outputs = []
+inputs = []
 hooks = [
-    m.register_forward_hook(lambda m, i, out: outputs.append(out)) for m in model.modules() if isinstance(m, nn.Conv2d)
+    m.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
+    for m in model.modules()
+    if isinstance(m, nn.Conv2d)
 ]
 channels, side = common.input_shape(args)
 with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype):
     model.eval()(torch.zeros(2, channels, side, side, device=device).to(memory_format=torch.channels_last))
 for hook in hooks:
     hook.remove()
-if not all(out.is_contiguous(memory_format=torch.channels_last) for out in outputs):
-    common.die("a convolution's output is not channels_last: a permute or .view in the model turned it back to NCHW")
+if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
+    common.die("a convolution's input is not channels_last: a permute or .view in the model turned it back to NCHW")
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)

@@ -42,7 +42,12 @@ def fmnist_dir() -> Path:
         pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
 
 
+LONGEST_FIRST = ["test_smoke.py", "test_reliability.py", "test_techniques.py", "test_variants.py"]
+
+
 def pytest_collection_modifyitems(config, items):
+    # The longest files first: tests/run.sh hands whole files to 2 processes in this order (pytest-xdist, loadfile).
+    items.sort(key=lambda item: next((i for i, n in enumerate(LONGEST_FIRST) if item.path.name == n), 99))
     if torch.cuda.is_available():
         return
     skip = pytest.mark.skip(reason="needs a CUDA GPU")

@@ -5,4 +5,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash bench/setup.sh --test
-exec "${PYTHON:-python3}" -m pytest tests "$@"
+# Two processes, one test file each at a time (--dist loadfile: a file's module fixtures run once): most tests wait on
+# subprocesses that start Python and torch, so two at a time finish sooner on 2 cores.
+exec "${PYTHON:-python3}" -m pytest tests -n "${PYTEST_WORKERS:-2}" --dist loadfile "$@"

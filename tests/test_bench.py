@@ -1,17 +1,14 @@
-"""The bench runner, as a real subprocess: the smoke profile's outputs, failures that become rows (failed, oom,
-timeout, skipped), Ctrl-C that keeps the finished rows, and --resume."""
+"""The bench runner, as a real subprocess: failures that become rows (failed, oom, timeout, skipped), Ctrl-C that
+keeps the finished rows, --resume, and --tables-only (the smoke profile's outputs: test_smoke.py)."""
 
-import json
 import signal
 import subprocess
 import sys
 import time
-import tomllib
 from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, run
 
 PNGS = ["throughput.png", "accuracy_vs_time.png", "memory.png", "data_wait.png"]
@@ -19,69 +16,6 @@ PNGS = ["throughput.png", "accuracy_vs_time.png", "memory.png", "data_wait.png"]
 
 def _is_png(path):
     return path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 1000
-
-
-@pytest.fixture(scope="module")
-def smoke(tmp_path_factory):
-    out = tmp_path_factory.mktemp("smoke")
-    proc = run("bench/bench.py", "--profile", "smoke", "--out", out, timeout=1200)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return out, pd.read_csv(out / "summary.csv"), proc
-
-
-def test_smoke_profile_writes_tables_and_plots(smoke):
-    out, _, proc = smoke
-    configs = [r["name"] for r in tomllib.loads((REPO / "bench/profiles.toml").read_text())["smoke"]["runs"]]
-    summary = pd.read_csv(out / "summary.csv")
-    assert summary.config.tolist() == configs  # one row per configuration, in matrix order
-    assert (summary.status == "ok").all() and (summary.images_per_s > 0).all()
-    assert summary.loc[summary.config == "train.py cnn", "speedup"].item() == 1.0
-    runs = pd.read_csv(out / "runs.csv")
-    assert len(runs) == len(configs) and (runs.status == "ok").all()
-    for log in runs.log:
-        assert (out / log).read_text().startswith("$ ")
-    table = (out / "table.md").read_text()
-    assert "images/s" in table and "speed-up" in table and "torch" in table
-    assert all(config in table for config in configs)
-    assert json.loads((out / "env.json").read_text())["profile"] == "smoke"
-    for name in PNGS:
-        assert _is_png(out / name), name
-    assert "| train.py cnn" in proc.stdout  # the table is printed at the end
-    assert {"train.py", "train_DP.py", "train_DDP.py", "train_amp.py", "train_fast.py"} <= set(summary.script)
-    ddp = summary[summary.script == "train_DDP.py"].iloc[0]
-    assert ddp.world_size == 2 and ddp.gpus == 0 and ddp.global_batch == 128  # 2 gloo processes x 64
-    assert "world size" in table and "GPUs" in table
-    assert "## Training scripts" in table and "## Input pipelines (JPEG files)" in table  # the two tables
-    loaders = summary[summary.script.str.startswith("loader")]
-    assert set(loaders.loader) == {"torch DataLoader", "DALI cpu"} and len(loaders) == 4
-    assert set(summary.limited_by) <= {"input", "compute"}
-    assert (loaders[loaders.loader_only.astype(str) == "True"].limited_by == "input").all()  # they only wait for data
-    env = json.loads((out / "env.json").read_text())
-    assert env["matrix"] == "bench/profiles.toml" and env["git"]["commit"] and "bf16_instructions" in env
-    assert env["cpu_model"] in table and "bf16 instructions" in table.splitlines()[2]
-    index = (out / "index.html").read_text()  # the side-by-side pages, with this run's speed-ups
-    amp = summary[summary.script == "train_amp.py"].iloc[0]
-    assert 'href="diff-train_amp.html"' in index and f"{amp.speedup:.2f}×" in index
-    assert (out / "diff-train_amp.html").is_file() and "index.html" in proc.stdout
-
-
-def test_smoke_ladder_lists_every_rung_with_both_speedups(smoke):
-    out, summary, _ = smoke
-    ladder = (out / "ladder.md").read_text()
-    assert _is_png(out / "ladder.png")
-    rungs = ["train.py", "train_amp.py", "train_channels_last.py", "train_compile.py", "train_fast.py"]
-    lines = [line for line in ladder.splitlines() if line.startswith("| ") and "×" in line]
-    for script in rungs:
-        assert any(line.startswith(f"| {script} ") for line in lines), script
-    by_config = summary.set_index("config")
-    for config, base in [("train_compile.py cnn, bf16", "train_channels_last.py cnn, bf16"),
-                         ("train_fast.py cnn, bf16, data on the device", "train_compile.py cnn, bf16")]:  # fmt: skip
-        row = by_config.loc[config]
-        assert row.speedup_rung == pytest.approx(row.images_per_s / by_config.loc[base, "images_per_s"])
-        assert row.speedup == pytest.approx(row.images_per_s / by_config.loc["train.py cnn", "images_per_s"])
-        line = next(line for line in lines if line.startswith(f"| {config} "))
-        assert f"{row.speedup_rung:.2f}× ({base})" in line and f"{row.speedup:.2f}×" in line
-    assert "## Ladder: small CNN from JPEG files" in ladder  # the input ladder: loader.py -> loader_DALI.py
 
 
 def test_failures_become_rows_and_the_rest_still_runs(tmp_path):

@@ -5,9 +5,9 @@ import time
 
 import pytest
 import torch
+from conftest import assert_one_line_error, run
 
 import common
-from conftest import assert_one_line_error, run
 
 
 def test_reads_real_fashion_mnist(fmnist_dir):

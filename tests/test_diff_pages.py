@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-
 from conftest import REPO, run
 
 sys.path.insert(0, str(REPO / "bench"))

@@ -12,7 +12,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, assert_one_line_error, run
 
 TRAIN = [
@@ -182,3 +181,23 @@ def test_run_all_with_a_bad_flag_is_one_line():
     )
     assert proc.returncode == 2
     assert_one_line_error(proc, "profile 'no-such-profile' is not in")
+
+
+@pytest.mark.parametrize("damage", ["truncated", "foreign", "labels"])
+def test_a_damaged_fashion_mnist_file_is_one_line_naming_it(damage, fmnist_dir, tmp_path):
+    import gzip
+    import shutil
+
+    for name in ("train-images-idx3-ubyte.gz", "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"):
+        shutil.copy(fmnist_dir / name, tmp_path / name)
+    labels = gzip.decompress((fmnist_dir / "train-labels-idx1-ubyte.gz").read_bytes())
+    if damage == "truncated":
+        data = gzip.compress(labels)[:-100]  # the end of the gzip stream is missing
+    elif damage == "foreign":
+        data = gzip.compress(b"PK\x03\x04" + labels[4:])  # another file format under the right name
+    else:
+        data = gzip.compress(labels[:-1] + b"\x0c")  # the last label is 12
+    (tmp_path / "train-labels-idx1-ubyte.gz").write_bytes(data)
+    proc = run("src/train.py", *CPU, "--data-dir", tmp_path, timeout=120)
+    assert proc.returncode == 2
+    assert_one_line_error(proc, "train-labels-idx1-ubyte.gz", "replace the four Fashion-MNIST files")

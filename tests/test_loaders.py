@@ -7,10 +7,10 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, assert_one_line_error, run
 from PIL import Image
 
 import common
-from conftest import REPO, assert_one_line_error, run
 
 sys.path.insert(0, str(REPO / "bench"))
 

@@ -4,7 +4,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, run
 
 sys.path.insert(0, str(REPO / "bench"))

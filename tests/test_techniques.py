@@ -8,7 +8,6 @@ import sys
 
 import pytest
 import torch
-
 from conftest import REPO, assert_one_line_error, run
 
 QUICK = ["--device", "cpu", "--model", "cnn", "--workers", "0", "--warmup-steps", "3", "--log-every", "1000"]
@@ -71,7 +70,7 @@ def test_channels_last_refuses_a_model_that_turns_activations_back_to_nchw():
     proc = subprocess.run(
         [sys.executable, "-c", PROBE, *QUICK, "--subset", "512"], cwd=REPO, capture_output=True, text=True, timeout=300
     )
-    assert_one_line_error(proc, "is not channels_last", "turned it back to NCHW")
+    assert_one_line_error(proc, "input is not channels_last", "turned it back to NCHW")
 
 
 # -- torch.compile ------------------------------------------------------------------------------------------------
@@ -83,8 +82,7 @@ def test_compile_reports_compile_time_apart_and_saves_a_plain_checkpoint(tmp_pat
     assert metrics["technique"] == "compile" and metrics["compile_mode"] == "default"
     assert metrics["compile_s"] > 0 and metrics["compile_s"] == metrics["first_step_s"]
     assert metrics["measured_steps"] == 8 - 3 and metrics["images_per_s"] > 0  # the compile is a warm-up step
-    step_s = metrics["step_ms_p50"] / 1e3
-    assert metrics["compile_s"] > 5 * step_s  # compiling costs far more than a compiled step
+    assert metrics["compile_s"] > metrics["step_ms_p50"] / 1e3  # the first step also traces, compiles (or loads)
     reached = metrics["time_to_target_incl_compile_s"]
     assert reached == pytest.approx(metrics["time_to_target_s"] + metrics["compile_s"])
     state = torch.load(tmp_path / "last.pt", weights_only=False)
@@ -192,7 +190,7 @@ def test_micro_batches_that_do_not_divide_the_batch_are_refused(micro):
 
 
 def test_fast_trains_fashion_mnist_held_on_the_device(tmp_path):
-    flags = [*QUICK, "--subset", "2048", "--epochs", "1", "--batch-size", "128"]
+    flags = [*QUICK, "--subset", "1536", "--epochs", "1", "--batch-size", "128"]
     metrics, proc = metrics_of(tmp_path, "src/train_fast.py", *flags)
     assert "train_fast.py: no GPU:" in proc.stdout  # says what it cannot do here
     assert metrics["technique"] == "everything stacked" and metrics["compile_s"] > 0
@@ -201,12 +199,18 @@ def test_fast_trains_fashion_mnist_held_on_the_device(tmp_path):
 
 
 def test_fast_trains_from_jpeg_files_in_dali_cpu_mode(tmp_path):
-    flags = ["--device", "cpu", "--model", "cnn", "--dataset", "imagefolder", "--data-dir",
-             REPO / "data" / "fashion-mnist-jpeg", "--image-size", "32", "--batch-size", "64", "--max-steps", "40",
-             "--threads", "2", "--warmup-steps", "3", "--log-every", "1000"]  # fmt: skip
+    """1,000 training and 300 validation files of the real Fashion-MNIST JPEGs (links into data/), 40 steps."""
+    source, root = REPO / "data" / "fashion-mnist-jpeg", tmp_path / "jpeg"
+    for split, count in (("train", 100), ("val", 30)):
+        for folder in sorted((source / split).iterdir()):
+            (root / split / folder.name).mkdir(parents=True)
+            for path in sorted(folder.glob("*.jpg"))[:count]:
+                (root / split / folder.name / path.name).symlink_to(path)
+    flags = ["--device", "cpu", "--model", "cnn", "--dataset", "imagefolder", "--data-dir", root, "--image-size", "32",
+             "--batch-size", "64", "--max-steps", "40", "--threads", "2", "--warmup-steps", "3", "--log-every", "1000"]  # fmt: skip
     metrics, _ = metrics_of(tmp_path, "src/train_fast.py", *flags)
     assert metrics["loader"] == "DALI cpu" and metrics["dataset"] == "imagefolder"
-    assert metrics["test_images"] == 10_000 and metrics["test_acc"] > 0.3  # chance is 0.1
+    assert metrics["test_images"] == 300 and metrics["test_acc"] > 0.3  # chance is 0.1
     assert metrics["epochs"][0]["logits_dtype"] == "torch.bfloat16"
 
 

@@ -7,7 +7,6 @@ import time
 
 import pytest
 import torch
-
 from conftest import REPO, run
 
 QUICK = [

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 import torch
+from conftest import REPO, assert_one_line_error, run
 
 import common
-from conftest import REPO, assert_one_line_error, run
 
 QUICK = ["--device", "cpu", "--model", "cnn", "--workers", "0", "--warmup-steps", "3", "--log-every", "4"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
@@ -155,8 +155,8 @@ def test_ddp_nccl_on_cpu_is_refused():
 
 
 def test_amp_bfloat16_on_cpu_computes_in_bfloat16_and_matches_fp32_accuracy(tmp_path):
-    """Same seed, same data order: bf16 autocast ends within 1 point of fp32 (8,192 images, 2 epochs)."""
-    flags = [*QUICK, "--subset", "8192", "--epochs", "2", "--log-every", "1000"]
+    """Same seed, same data order: bf16 autocast ends within 3 points of fp32 (2,048 images, 2 epochs)."""
+    flags = [*QUICK, "--subset", "2048", "--epochs", "2", "--log-every", "1000"]
     fp32 = run("src/train.py", *flags, "--metrics-out", tmp_path / "fp32.json")
     amp = run("src/train_amp.py", *flags, "--metrics-out", tmp_path / "amp.json")
     assert fp32.returncode == 0 and amp.returncode == 0, fp32.stderr + amp.stderr
@@ -164,12 +164,12 @@ def test_amp_bfloat16_on_cpu_computes_in_bfloat16_and_matches_fp32_accuracy(tmp_
     assert fp32["epochs"][-1]["logits_dtype"] == "torch.float32"
     assert amp["epochs"][-1]["logits_dtype"] == "torch.bfloat16"  # the forward really ran in bfloat16
     assert amp["precision"] == "amp bfloat16" and amp["technique"] == "AMP"
-    assert abs(amp["test_acc"] - fp32["test_acc"]) <= 0.01
-    assert amp["test_acc"] > 0.8
+    assert abs(amp["test_acc"] - fp32["test_acc"]) <= 0.03
+    assert amp["test_acc"] > 0.65
 
 
 def test_amp_float16_on_cpu_says_it_runs_bfloat16_and_checkpoints_the_scaler(tmp_path):
-    flags = [*QUICK, "--subset", "1024", "--epochs", "1", "--checkpoint-dir", tmp_path, "--clip-grad-norm", "1.0"]
+    flags = [*QUICK, "--subset", "512", "--epochs", "1", "--checkpoint-dir", tmp_path, "--clip-grad-norm", "1.0"]
     proc = run("src/train_amp.py", *flags, "--amp-dtype", "float16", "--metrics-out", tmp_path / "m.json")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "float16 autocast has no fast kernels on CPU; running bfloat16 instead" in proc.stdout
