@@ -1,8 +1,8 @@
 """Baseline: train one model on one device in fp32, fed by torch's DataLoader.
 
-Every other train_*.py starts from this file, directly or through a chain of variants, and marks what it adds with
-`# new #`: `diff src/train.py src/train_amp.py` is one technique, `diff src/train_amp.py src/train_channels_last.py`
-the next one (each variant names its base in its docstring's first line).
+Every other train_*.py starts from this file, directly or through a chain of variants, and marks each line it adds
+(docs/markers.md): `diff src/train.py src/train_amp.py` is one technique, `diff src/train_amp.py
+src/train_channels_last.py` the next one (each variant names its base in its docstring's first line).
 
     python src/train.py                                      # small CNN on Fashion-MNIST, 2 epochs, GPU if present
     python src/train.py --device cpu --subset 4096 --epochs 1   # a quick look on a laptop
