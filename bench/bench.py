@@ -273,18 +273,12 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
     if "images_per_s" not in summary:
         summary["images_per_s"] = None
     speed = dict(zip(summary.config, pd.to_numeric(summary.images_per_s, errors="coerce"), strict=True))
-    summary["speedup"] = [
-        speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
-        for c, b in zip(summary.config, summary.baseline, strict=True)
-    ]
-    summary["speedup_rung"] = [
-        speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
-        for c, b in zip(summary.config, summary.rung_base, strict=True)
-    ]
-    summary["of_ceiling"] = [
-        speed.get(c, float("nan")) / speed.get(b, float("nan")) if b in speed else None
-        for c, b in zip(summary.config, summary.ceiling, strict=True)
-    ]
+    # images/s over another configuration's: the baseline (speed-up), the rung's base (its lesson), its ceiling
+    for column, other in (("speedup", "baseline"), ("speedup_rung", "rung_base"), ("of_ceiling", "ceiling")):
+        summary[column] = [
+            speed.get(c, float("nan")) / speed[b] if b in speed else None
+            for c, b in zip(summary.config, summary[other], strict=True)
+        ]
     summary["limited_by"] = [limited_by(w) for w in pd.to_numeric(summary.data_wait_frac, errors="coerce")]
     return summary
 
