@@ -107,28 +107,73 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
+PROFILE_KEYS = {"repeats", "timeout_s", "args", "runs"}  # what profiles.toml's header comment documents
+RUN_KEYS = {
+    "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "launcher", "nproc", "requires",
+    "min_gpus", "without_bf16", "repeats", "timeout_s", "note",
+}  # fmt: skip
+
+
 def load_profile(matrix: Path, profile: str) -> dict:
-    """The profile's table from the TOML `matrix`, with every run's defaults filled in. Exits on a malformed matrix."""
+    """The profile's table from the TOML `matrix`, with every run's defaults filled in.
+
+    Checks the whole profile before anything runs, so a typo costs seconds, not a run of the matrix: unknown keys
+    (PROFILE_KEYS, RUN_KEYS), unique names, a script that exists, args as lists of strings, launcher python or
+    torchrun, nproc a number or "gpus", repeats / timeout_s / min_gpus positive integers, and baseline / rung_base
+    / ceiling naming a run of the profile. Exits 2 with one line naming the run and the key.
+    """
     try:
         profiles = tomllib.loads(matrix.read_text())
-    except (OSError, tomllib.TOMLDecodeError) as error:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as error:
         fail(f"cannot read the matrix {matrix}: {error}")
     if profile not in profiles:
         fail(f"profile {profile!r} is not in {matrix} (it has: {', '.join(profiles)})")
     table = profiles[profile]
+    where = f"profile {profile!r} in {matrix}"
+    if not isinstance(table, dict) or set(table) - PROFILE_KEYS:
+        fail(
+            f"{where}: unknown key(s) {', '.join(sorted(set(table) - PROFILE_KEYS))} (known: {', '.join(sorted(PROFILE_KEYS))})"
+        )
     runs = table.get("runs", [])
-    shared = table.get("args", [])  # the profile's flags for every row, before the row's own (which win)
-    names = [run.get("name") for run in runs]
+    names = [run.get("name") for run in runs] if isinstance(runs, list) else [None]
     if not runs or None in names or len(set(names)) != len(names):
-        fail(f"profile {profile!r} in {matrix} needs runs, each with a unique name")
+        fail(f"{where} needs runs, each with a unique name")
+    _check_values(table, where)
     for run in runs:
-        if "script" not in run:
-            fail(f"run {run['name']!r} in {matrix} has no script")
+        at = f"run {run['name']!r} of {where}"
+        if set(run) - RUN_KEYS:
+            fail(
+                f"{at}: unknown key(s) {', '.join(sorted(set(run) - RUN_KEYS))} (known: {', '.join(sorted(RUN_KEYS))})"
+            )
+        if not isinstance(run.get("script"), str) or not (REPO / run["script"]).is_file():
+            fail(f'{at}: script {run.get("script")!r} is not a file of the repository (e.g. "src/train.py")')
+        if run.get("launcher", "python") not in ("python", "torchrun"):
+            fail(f'{at}: launcher must be "python" or "torchrun", got {run["launcher"]!r}')
+        if "nproc" in run and run["nproc"] != "gpus" and not (isinstance(run["nproc"], int) and run["nproc"] > 0):
+            fail(f'{at}: nproc must be a positive number or "gpus", got {run["nproc"]!r}')
+        for key in ("baseline", "rung_base", "ceiling"):
+            if key in run and run[key] not in names:
+                fail(f"{at}: {key} {run[key]!r} is not the name of a run of the profile")
+        _check_values(run, at)
+    shared = table.get("args", [])  # the profile's flags for every row, before the row's own (which win)
+    for run in runs:
         run["args"] = [*shared, *run.get("args", [])]
         run.setdefault("launcher", "python")
         run.setdefault("repeats", table.get("repeats", 1))
         run.setdefault("timeout_s", table.get("timeout_s", 600))
     return table
+
+
+def _check_values(entry: dict, at: str) -> None:
+    """args / without_bf16 lists of strings or numbers; repeats, timeout_s, min_gpus positive integers."""
+    for key in ("args", "without_bf16"):
+        if key in entry and not (
+            isinstance(entry[key], list) and all(isinstance(a, str | int | float) for a in entry[key])
+        ):
+            fail(f'{at}: {key} must be a list of flags, e.g. ["--epochs", "1"], got {entry[key]!r}')
+    for key in ("repeats", "timeout_s", "min_gpus"):
+        if key in entry and not (isinstance(entry[key], int) and not isinstance(entry[key], bool) and entry[key] > 0):
+            fail(f"{at}: {key} must be a positive integer, got {entry[key]!r}")
 
 
 def skip_reason(run: dict, gpus: int) -> str | None:
@@ -682,12 +727,9 @@ def main() -> None:
             shorter = " ".join(map(str, run["without_bf16"]))
             run["note"] = (run.get("note", "") + f" shortened ({shorter}): this CPU has no bf16 instructions").strip()
     out = args.out or REPO / "results" / "local" / profile
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        fail(f"cannot create --out {out}: {error}")
-    if not os.access(out, os.W_OK):
-        fail(f"cannot write into --out {out}; pick a folder you own")
+    problem = common.output_problem(out, is_folder=True)  # before any run: a folder it can write
+    if problem:
+        fail(f"--out {out} {problem}")
     done = finished_rows(out) if args.resume else {}
     if args.tables_only:
         try:

@@ -149,10 +149,9 @@ def main() -> None:
     for name in ("synthetic_train", "synthetic_val", "classes", "workers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be 1 or more")
-    try:
-        args.out.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        parser.error(f"cannot create --out {args.out}: {error}")
+    problem = common.output_problem(args.out, is_folder=True)  # before minutes of writing files
+    if problem:
+        common.die(f"--out {args.out} {problem}")
     if args.only != "synthetic":
         fashion_mnist_jpeg(args.out, args.workers)
     if args.only != "fashion-mnist":

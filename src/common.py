@@ -31,7 +31,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
-import torchvision
 
 REPO = Path(__file__).resolve().parent.parent
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # Debian package `dataset-fashion-mnist`
@@ -200,30 +199,58 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
 
 
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
-    """Parse the command line, check the flags that only make sense together (argparse exits 2 otherwise), check
-    that the output folders can be written, and install the one-line error hook (`install_error_hook`)."""
+    """Parse the command line, check the flags that only make sense together (argparse: usage and exit 2) and the
+    outputs (`output_problem`: one line, exit 2), all before any work, and install the one-line error hook
+    (`install_error_hook`). A --checkpoint-dir that already holds last.pt needs --resume: a new run would overwrite
+    the earlier one's checkpoint."""
     install_error_hook()
     args = parser.parse_args()
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
     if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):
         parser.error("--image-size applies to --dataset synthetic; Fashion-MNIST images are 28 x 28")
-    # Check the output folders now rather than after hours of training, when a failed write would lose the results.
-    for flag, folder in (
-        ("--metrics-out", args.metrics_out.parent if args.metrics_out else None),
-        ("--checkpoint-dir", args.checkpoint_dir),
+    # Check the outputs now rather than after hours of training, when a failed write would lose the results.
+    for flag, path, is_folder in (
+        ("--metrics-out", args.metrics_out, False),
+        ("--checkpoint-dir", args.checkpoint_dir, True),
     ):
-        if folder is None:
-            continue
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            parser.error(f"{flag}: cannot create {folder} ({error.strerror})")
-        if not os.access(folder, os.W_OK):
-            parser.error(f"{flag}: cannot write into {folder}; pick a folder you own")
-    if args.metrics_out is not None and args.metrics_out.is_dir():
-        parser.error(f"--metrics-out {args.metrics_out} is a folder; give a file name, e.g. {args.metrics_out}/m.json")
+        problem = output_problem(path, is_folder) if path is not None else None
+        if problem:
+            die(f"{flag} {path} {problem}")
+    if args.checkpoint_dir is not None and not args.resume and (args.checkpoint_dir / "last.pt").exists():
+        die(
+            f"--checkpoint-dir {args.checkpoint_dir} already holds last.pt from an earlier run: add --resume to "
+            "continue it, or pick another folder (this run would overwrite it)"
+        )
     return args
+
+
+def output_problem(path: Path, is_folder: bool = False) -> str | None:
+    """Why the file (or, with `is_folder`, the folder) `path` cannot be written, as the end of a sentence that starts
+    with the path, or None when it can: "is a folder", "is a file, not a folder", "cannot be created: PARENT is a
+    file", "cannot be created / written (Permission denied / Read-only file system...)".
+
+    Creates the missing folders (the folder, or the file's parent) and writes and removes a probe file in it: a real
+    write, because os.access says yes to root on a read-only filesystem or in /sys.
+    """
+    path = Path(path)
+    if not is_folder and path.is_dir():
+        return f"is a folder; give a file name, e.g. {path / 'metrics.json'}"
+    if is_folder and path.exists() and not path.is_dir():
+        return "is a file, not a folder"
+    folder = path if is_folder else path.parent
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        files = [parent for parent in (folder, *folder.parents) if parent.is_file()]  # mkdir through or onto a file
+        return f"cannot be created: {files[0]} is a file" if files else f"cannot be created ({error.strerror})"
+    try:
+        probe = folder / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        return f"cannot be written{' into' if is_folder else ''} ({error.strerror}); pick a folder you can write"
+    return None
 
 
 def input_shape(args: argparse.Namespace) -> tuple[int, int]:
@@ -321,6 +348,8 @@ def find_fashion_mnist(data_dir: Path | None = None, search: list[Path] | None =
         if _has_fashion_mnist(folder):
             return folder
     if download:
+        import torchvision  # here and in build_model only: importing it costs 1.6 s of every script's start-up
+
         try:
             torchvision.datasets.FashionMNIST(REPO / "data", train=True, download=True)
             torchvision.datasets.FashionMNIST(REPO / "data", train=False, download=True)
@@ -497,6 +526,8 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
         return SmallCNN(in_channels, num_classes, image_size)
     if name == "mlp":
         return MLP(in_channels, num_classes, image_size)
+    import torchvision  # only for the ResNets: its import costs 1.6 s of start-up
+
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
     if image_size < 64:
         model.conv1 = nn.Conv2d(in_channels, 64, 3, stride=1, padding=1, bias=False)
@@ -810,7 +841,7 @@ def environment() -> dict:
         "python": platform.python_version(),
         "platform": platform.platform(),
         "torch": torch.__version__,
-        "torchvision": torchvision.__version__,
+        "torchvision": _version("torchvision"),
         "dali": _version("nvidia-dali-cuda120") or _version("nvidia-dali-cuda130"),
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if cuda else None,
@@ -905,36 +936,139 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
 # Checkpoints
 
 
+CHECKPOINT_FORMAT = 2  # 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders
+# What a checkpoint must share with the run that resumes it; anything else (epochs, lr, workers...) may change.
+CHECKPOINT_MATCH = {
+    "script": "script",
+    "model": "model",
+    "dataset": "dataset",
+    "image_size": "image size",
+    "world_size": "world size",
+    "batch_size": "batch per process",
+    "optimizer": "optimizer",
+    "state": "extra state",
+}
+
+
+def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer | None, **holders) -> dict:
+    """What a checkpoint of this run says made it (`made_by`), keyed like CHECKPOINT_MATCH: the script's file name,
+    --model, --dataset (a loader's --data-dir folder name), --image-size, the world size (torch.distributed's, else
+    1), --batch-size (per process), the optimizer's class, and `state`: the names of the `holders` (GradScaler...)
+    whose state_dict is not empty (a disabled GradScaler has none). Plus the torch version, for the record."""
+    dataset = getattr(args, "dataset", None) or Path(getattr(args, "data_dir", "")).resolve().name
+    return {
+        "script": Path(sys.argv[0]).name,
+        "model": args.model,
+        "dataset": dataset,
+        "image_size": getattr(args, "image_size", None),
+        "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+        "batch_size": args.batch_size,
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "state": sorted(name for name, holder in holders.items() if holder.state_dict()),
+        "torch": str(torch.__version__),
+    }
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _shown(value) -> str:
+    """A made_by value in a message: lists joined by commas, empty ones and None as "none"."""
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
+
+
 def save_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int, **extra
-) -> None:
-    """Save model and optimizer state, the number of finished `epoch`s, the global `step` and any `extra` state
-    dicts (scheduler, scaler, ...) to `path`, atomically (a temporary file, then a rename: a kill during the write
-    leaves the previous checkpoint whole). Pass the bare model (`model.module` for DP / DDP)."""
+    path: Path, args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int,
+    **extra,
+) -> None:  # fmt: skip
+    """Save model and optimizer state, the number of finished `epoch`s, the global `step` and `extra` to `path`.
+
+    `extra` holds state holders (objects with a state_dict, e.g. scaler=GradScaler: their state_dict is saved) and
+    plain values (sampler_epoch=3). The file also holds its format version (CHECKPOINT_FORMAT) and what made it
+    (`checkpoint_origin(args, ...)`), which `load_checkpoint` checks. Written atomically: a temporary file, then a
+    rename, so a kill during the write leaves the previous checkpoint whole (tests/test_faults.py kills a writer);
+    temporary files that killed writers left behind are removed. Pass the bare model (`model.module` for DP / DDP).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    holders = {name: value for name, value in extra.items() if hasattr(value, "state_dict")}
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "made_by": checkpoint_origin(args, optimizer, **holders),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "epoch": epoch,
+        "step": step,
+        **{name: value.state_dict() if name in holders else value for name, value in extra.items()},
+    }
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(
-        {"model": model.state_dict(), "optimizer": optimizer.state_dict(), "epoch": epoch, "step": step, **extra}, tmp
-    )
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = stale.name.split(".")[-2]
+        if pid.isdigit() and not _alive(int(pid)):  # left by a writer killed mid-write
+            stale.unlink(missing_ok=True)
+    torch.save(state, tmp)
     os.replace(tmp, path)
 
 
 def load_checkpoint(
-    path: Path, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, device: torch.device | str = "cpu"
+    path: Path,
+    args: argparse.Namespace,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    device: torch.device | str = "cpu",
+    **holders,
 ) -> dict:
-    """Load a `save_checkpoint` file into `model` (and `optimizer`); return the whole dict (epoch, step, extras).
+    """Load a `save_checkpoint` file into `model`, `optimizer` and the state `holders` (scaler=GradScaler...); return
+    the whole dict (epoch, step, plain extras).
 
-    Exits with one line (exit 2) when the file is not a readable checkpoint or does not fit the model / optimizer.
+    Checks before loading anything: the format version, then that the file was made by a run like this one (every
+    CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, world size, batch per process, optimizer
+    and extra state), so a resume never trains from a partially loaded or silently different state. Exits with one
+    line (exit 2) that names the file, what it was saved from and what this run asked for, or why it is unreadable
+    (not a checkpoint, truncated, or a pickle with code in it: loaded with weights_only=True).
     """
     try:
-        state = torch.load(path, map_location=device, weights_only=False)
+        state = torch.load(path, map_location=device, weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as error:
+        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+        die(f"--resume: {path} is not a readable checkpoint ({first}); use a new --checkpoint-dir")
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        found = state.get("format", "none") if isinstance(state, dict) else "not a checkpoint dict"
+        die(
+            f"--resume: {path} has checkpoint format {found}, this code reads format {CHECKPOINT_FORMAT}; "
+            "use a new --checkpoint-dir"
+        )
+    saved = state.get("made_by") if isinstance(state.get("made_by"), dict) else {}
+    here = checkpoint_origin(args, optimizer, **holders)
+    differ = [
+        f"{label} {_shown(saved.get(key))} there, {_shown(here[key])} here"
+        for key, label in CHECKPOINT_MATCH.items()
+        if saved.get(key) != here[key]
+    ]
+    if differ:
+        die(
+            f"--resume: {path} was saved by another kind of run ({'; '.join(differ)}); resume with the script and "
+            "flags that saved it, or use a new --checkpoint-dir"
+        )
+    try:
         model.load_state_dict(state["model"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
-    except (OSError, EOFError, KeyError, TypeError, ValueError, RuntimeError, pickle.UnpicklingError) as error:
+        for name, holder in holders.items():
+            holder.load_state_dict(state[name])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
         first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        die(f"--resume: {path} is not a checkpoint of this model and optimizer ({first}); use a new --checkpoint-dir")
+        die(f"--resume: {path} does not fit this model and optimizer ({first}); use a new --checkpoint-dir")
     return state
 
 

@@ -135,7 +135,7 @@ if args.max_steps:
 start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
@@ -191,7 +191,7 @@ for epoch in range(start_epoch, args.epochs):
     if rank == 0:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
+        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step, scaler=scaler)
     if step == total_steps:
         break
 

@@ -104,7 +104,7 @@ if args.max_steps:
 start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # every rank loads the same file
+    state = common.load_checkpoint(checkpoint, args, model.module, optimizer, device)  # new # every rank loads it
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
@@ -157,7 +157,7 @@ for epoch in range(start_epoch, args.epochs):
     if master:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint and master:  # new # rank 0 writes; every replica is the same
-        common.save_checkpoint(checkpoint, model.module, optimizer, epoch + 1, step)  # new # no "module." prefix
+        common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch + 1, step)  # new # no "module." prefix
     if step == total_steps:
         break
 

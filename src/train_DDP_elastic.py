@@ -11,7 +11,7 @@ sees the same data in the same order. At most --checkpoint-every steps are repea
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun's agent shares one TCP store with its workers and keeps it across
 restarts, so a restarted group can read the dead group's addresses and fail to connect (gloo `connectFullMesh ...
 Connection refused`, pytorch/pytorch#135712); with the variable each attempt gets a fresh store.
-Not handled: resuming with another world size (the steps of an epoch change with it; use a new --checkpoint-dir).
+--resume refuses a checkpoint from another world size (an epoch's steps and shards change with it; one line, exit 2).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP_elastic.py \
         --checkpoint-dir ckpt --checkpoint-every 200 --resume
@@ -108,7 +108,7 @@ start_epoch, step = 0, 0
 epochs_before = []  # new # per-epoch records of the attempts before a restart
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # every rank loads the same file
+    state = common.load_checkpoint(checkpoint, args, model.module, optimizer, device)  # new # every rank loads it
     epochs_before = state.get("epochs", [])  # new #
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
@@ -148,7 +148,9 @@ for epoch in range(start_epoch, args.epochs):
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps (rank 0 writes; replicas are equal)
         if checkpoint and master and args.checkpoint_every and step % args.checkpoint_every == 0:
-            common.save_checkpoint(checkpoint, model.module, optimizer, epoch, step, sampler_epoch=epoch, epochs=epochs)
+            common.save_checkpoint(
+                checkpoint, args, model.module, optimizer, epoch, step, sampler_epoch=epoch, epochs=epochs
+            )
             print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
         # new # end
         if step == total_steps:
@@ -169,7 +171,7 @@ for epoch in range(start_epoch, args.epochs):
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint and master:  # new # rank 0 writes; every replica is the same
         common.save_checkpoint(  # new # no "module." prefix; the sampler's epoch and the records, for a restart
-            checkpoint, model.module, optimizer, epoch + 1, step, sampler_epoch=epoch + 1, epochs=epochs
+            checkpoint, args, model.module, optimizer, epoch + 1, step, sampler_epoch=epoch + 1, epochs=epochs
         )
     if step == total_steps:
         break

@@ -63,7 +63,7 @@ if args.max_steps:
 start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, model.module, optimizer, device)  # new # plain keys, no "module."
+    state = common.load_checkpoint(checkpoint, args, model.module, optimizer, device)  # new # plain keys, no "module."
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
@@ -105,7 +105,7 @@ for epoch in range(start_epoch, args.epochs):
     )
     print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_checkpoint(checkpoint, model.module, optimizer, epoch + 1, step)  # new # loads into train.py
+        common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch + 1, step)  # new # loads into train.py
     if step == total_steps:
         break
 

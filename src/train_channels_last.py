@@ -85,9 +85,8 @@ if args.max_steps:
 start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)  # new # + loss scale
     start_epoch, step = state["epoch"], state["step"]
-    scaler.load_state_dict(state["scaler"])  # new # the loss scale it had learned
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
@@ -131,7 +130,7 @@ for epoch in range(start_epoch, args.epochs):
     )
     print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step, scaler=scaler.state_dict())  # new #
+        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step, scaler=scaler)  # new #
     if step == total_steps:
         break
 

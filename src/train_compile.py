@@ -9,7 +9,7 @@ step: the Meter leaves warm-up steps out of images/s, and the metrics report `co
 apart, with the time to the target accuracy given both without and with it. Pitfalls, with the line that avoids each:
 a new input shape recompiles (the last partial batch: `drop_last=True`; `dynamic=False` makes that explicit; the eval
 batch: evaluation runs the eager `model`, which also avoids the train/eval recompilation); checkpoints of the compiled
-module have an `_orig_mod.` prefix (save `model`, which torch.compile wrapped, so train.py and --resume load it);
+module have an `_orig_mod.` prefix (save `model`, which torch.compile wrapped: its keys load into train.py's model);
 `.item()` or Python control flow on tensor values inside a model breaks the graph in two (keep them out of forward).
 
     python src/train_compile.py                                      # float16 + NHWC + compile on CUDA
@@ -104,9 +104,8 @@ if args.max_steps:
 start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)  # new # + loss scale
     start_epoch, step = state["epoch"], state["step"]
-    scaler.load_state_dict(state["scaler"])  # new # the loss scale it had learned
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
@@ -150,7 +149,7 @@ for epoch in range(start_epoch, args.epochs):
     )
     print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step, scaler=scaler.state_dict())  # new #
+        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step, scaler=scaler)  # new #
     if step == total_steps:
         break
 

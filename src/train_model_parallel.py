@@ -98,7 +98,7 @@ if args.max_steps:
 start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, model, optimizer, device)
+    state = common.load_checkpoint(checkpoint, args, model, optimizer, device)
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
@@ -140,7 +140,7 @@ for epoch in range(start_epoch, args.epochs):
     )
     print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_checkpoint(checkpoint, model, optimizer, epoch + 1, step)
+        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step)
     if step == total_steps:
         break
 

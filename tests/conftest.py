@@ -33,6 +33,14 @@ def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) ->
         assert fragment in lines[-1], lines[-1]
 
 
+def assert_loads_into_train_py(checkpoint: Path) -> dict:
+    """The checkpoint's model state loads, strictly (every key, every shape), into the model train.py builds for
+    Fashion-MNIST: no `module.` (DP / DDP) or `_orig_mod.` (torch.compile) prefix. Returns the checkpoint."""
+    state = torch.load(checkpoint, weights_only=True)
+    common.build_model(state["made_by"]["model"], 1, 28).load_state_dict(state["model"])
+    return state
+
+
 @pytest.fixture(scope="session")
 def fmnist_dir() -> Path:
     """The folder with the real Fashion-MNIST files (the set-up installs them; no download in tests)."""
