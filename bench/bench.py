@@ -130,21 +130,17 @@ def load_profile(matrix: Path, profile: str) -> dict:
         fail(f"profile {profile!r} is not in {matrix} (it has: {', '.join(profiles)})")
     table = profiles[profile]
     where = f"profile {profile!r} in {matrix}"
-    if not isinstance(table, dict) or set(table) - PROFILE_KEYS:
-        fail(
-            f"{where}: unknown key(s) {', '.join(sorted(set(table) - PROFILE_KEYS))} (known: {', '.join(sorted(PROFILE_KEYS))})"
-        )
+    _known_keys_only(table, PROFILE_KEYS, where)
     runs = table.get("runs", [])
-    names = [run.get("name") for run in runs] if isinstance(runs, list) else [None]
+    if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
+        fail(f"{where}: runs must be tables ([[{profile}.runs]])")
+    names = [run.get("name") for run in runs]
     if not runs or None in names or len(set(names)) != len(names):
         fail(f"{where} needs runs, each with a unique name")
     _check_values(table, where)
     for run in runs:
         at = f"run {run['name']!r} of {where}"
-        if set(run) - RUN_KEYS:
-            fail(
-                f"{at}: unknown key(s) {', '.join(sorted(set(run) - RUN_KEYS))} (known: {', '.join(sorted(RUN_KEYS))})"
-            )
+        _known_keys_only(run, RUN_KEYS, at)
         if not isinstance(run.get("script"), str) or not (REPO / run["script"]).is_file():
             fail(f'{at}: script {run.get("script")!r} is not a file of the repository (e.g. "src/train.py")')
         if run.get("launcher", "python") not in ("python", "torchrun"):
@@ -162,6 +158,15 @@ def load_profile(matrix: Path, profile: str) -> dict:
         run.setdefault("repeats", table.get("repeats", 1))
         run.setdefault("timeout_s", table.get("timeout_s", 600))
     return table
+
+
+def _known_keys_only(entry, known: set[str], at: str) -> None:
+    """Exits with one line when `entry` is not a TOML table or has a key outside `known` (a typo would else be
+    ignored and the row run without it)."""
+    if not isinstance(entry, dict):
+        fail(f"{at} must be a table of keys, got {entry!r}")
+    if set(entry) - known:
+        fail(f"{at}: unknown key(s) {', '.join(sorted(set(entry) - known))} (known: {', '.join(sorted(known))})")
 
 
 def _check_values(entry: dict, at: str) -> None:

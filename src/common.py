@@ -1040,8 +1040,7 @@ def load_checkpoint(
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        die(f"--resume: {path} is not a readable checkpoint ({first}); use a new --checkpoint-dir")
+        die(f"--resume: {path} is not a readable checkpoint ({first_line(error)}); use a new --checkpoint-dir")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         found = state.get("format", "none") if isinstance(state, dict) else "not a checkpoint dict"
         die(
@@ -1067,8 +1066,7 @@ def load_checkpoint(
         for name, holder in holders.items():
             holder.load_state_dict(state[name])
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
-        die(f"--resume: {path} does not fit this model and optimizer ({first}); use a new --checkpoint-dir")
+        die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
     return state
 
 
@@ -1150,6 +1148,12 @@ def image_folders(data_dir: Path, batch_size: int) -> tuple[Path, Path, list[str
 # Errors: one line on stderr, no traceback
 
 
+def first_line(error: BaseException) -> str:
+    """The first line of an exception's message (its type name when it has none), at most 160 characters: what a
+    one-line error quotes of a library's multi-line message."""
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
+
+
 def die(message: str, code: int = 2) -> None:
     """Print `message` as one line on stderr, prefixed with the script name, and exit with `code` (no traceback)."""
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr, flush=True)
@@ -1174,8 +1178,7 @@ def _report_user_errors(kind, value, traceback) -> None:
         # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
         die(str(value).strip().splitlines()[-1].removeprefix("common.BadImage: "))
     if _is_out_of_memory(kind, value):
-        first = (str(value).strip().splitlines() or [kind.__name__])[0][:160]
-        die(f"out of memory ({first}); lower --batch-size (or --image-size, --workers)", code=3)
+        die(f"out of memory ({first_line(value)}); lower --batch-size (or --image-size, --workers)", code=3)
     if issubclass(kind, KeyboardInterrupt):
         die("interrupted (Ctrl-C); with --checkpoint-dir, add --resume to continue from the last checkpoint", code=130)
     sys.__excepthook__(kind, value, traceback)
