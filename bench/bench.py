@@ -109,8 +109,8 @@ def fail(message: str) -> None:
 
 PROFILE_KEYS = {"repeats", "timeout_s", "args", "runs"}  # what profiles.toml's header comment documents
 RUN_KEYS = {
-    "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "launcher", "nproc", "requires",
-    "min_gpus", "without_bf16", "repeats", "timeout_s", "note",
+    "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "launcher", "nproc",
+    "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note",
 }  # fmt: skip
 
 
@@ -147,7 +147,7 @@ def load_profile(matrix: Path, profile: str) -> dict:
             fail(f'{at}: launcher must be "python" or "torchrun", got {run["launcher"]!r}')
         if "nproc" in run and run["nproc"] != "gpus" and not (isinstance(run["nproc"], int) and run["nproc"] > 0):
             fail(f'{at}: nproc must be a positive number or "gpus", got {run["nproc"]!r}')
-        for key in ("baseline", "rung_base", "ceiling"):
+        for key in ("baseline", "rung_base", "ceiling", "ablation_of"):
             if key in run and run[key] not in names:
                 fail(f"{at}: {key} {run[key]!r} is not the name of a run of the profile")
         _check_values(run, at)
@@ -239,11 +239,54 @@ def finished_rows(out: Path) -> dict:
     return rows
 
 
-def execute(run: dict, repeat: int, out: Path, python: str, gpus: int) -> dict:
+class Stop:
+    """Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed) turned into a flag that the runner reads at safe
+    points, installed for the time of a `with Stop() as stop:` block (the previous handlers come back after it).
+
+    A signal raises nothing, so it cannot land between starting a child and being ready to kill it (inside
+    subprocess.Popen, or before the `try` around the wait), nor in the middle of writing a file: `execute` checks
+    the flag before it starts a child and every POLL_S while it waits, and kills the child's process group when it
+    is set. `signal` is the first signal's number (None until one arrives); later ones change nothing.
+    """
+
+    def __init__(self):
+        self.signal: int | None = None
+
+    def __enter__(self) -> "Stop":
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number, frame) -> None:
+        self.signal = self.signal or number
+
+    @property
+    def name(self) -> str:
+        return "Ctrl-C" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
+
+
+POLL_S = 0.2  # how often a waiting runner looks at the stop flag and the timeout
+# On Linux each run starts through this launcher: it asks the kernel to send the run SIGTERM when the runner dies, even
+# by SIGKILL (prctl PR_SET_PDEATHSIG), checks that the runner did not die before that, then becomes the run's command.
+# A run is in its own session, so without it a killed runner would leave it running. torchrun ends its workers on
+# SIGTERM; a script's DataLoader workers end when their parent does.
+DIE_WITH_RUNNER = """import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(143)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Stop) -> dict:
     """Run `run` once as a subprocess with its timeout; return its row for runs.csv.
 
     status: ok, failed (non-zero exit or no metrics), oom (out of memory in its log), timeout (killed after
-    `timeout_s`), or interrupted (Ctrl-C: the run is killed and the caller stops the matrix).
+    `timeout_s`), or interrupted (`stop` was signalled before or while it ran: the run is not started, or its whole
+    process group is killed, and the caller stops the matrix).
     """
     log, metrics = run_paths(run, repeat, out)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -253,21 +296,32 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int) -> dict:
     row = {"config": run["name"], "repeat": repeat, "log": str(log.relative_to(out)), "command": " ".join(argv)}
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
+    rc = None
     with open(log, "w") as f:
         f.write("$ " + " ".join(argv) + "\n")
         f.flush()
-        # A new session, so that a timeout kills the whole process group (DataLoader workers, torchrun's children).
-        process = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True)
-        try:
-            rc = process.wait(timeout=run["timeout_s"])
-        except (subprocess.TimeoutExpired, KeyboardInterrupt) as stop:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-            rc = "interrupted" if isinstance(stop, KeyboardInterrupt) else None
+        if stop.signal is None:
+            # A new session, so that a timeout or a stop kills the whole process group (DataLoader workers,
+            # torchrun's children), and Ctrl-C in the terminal reaches the runner only.
+            launch = [sys.executable, "-c", DIE_WITH_RUNNER, str(os.getpid())] if sys.platform == "linux" else []
+            process = subprocess.Popen(
+                [*launch, *argv], stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True
+            )
+            try:
+                deadline = time.monotonic() + run["timeout_s"]
+                while rc is None and stop.signal is None and time.monotonic() < deadline:
+                    try:
+                        rc = process.wait(timeout=POLL_S)
+                    except subprocess.TimeoutExpired:
+                        pass
+            finally:  # timed out, stopped, or an error in this loop: the whole group goes, then it is reaped
+                if process.poll() is None:
+                    os.killpg(process.pid, signal.SIGKILL)
+                    process.wait()
     row["wall_s"] = time.perf_counter() - started
     text = log.read_text(errors="replace")
-    if rc == "interrupted":
-        row.update(status="interrupted", reason="Ctrl-C: killed; --resume runs it again")
+    if stop.signal is not None and rc is None:
+        row.update(status="interrupted", reason=f"{stop.name}: killed; --resume runs it again")
     elif rc is None:
         row.update(status="timeout", reason=f"killed after {run['timeout_s']} s; last line: {last_line(log)}")
     elif rc != 0:
@@ -298,6 +352,7 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
             "ladder": run.get("ladder", ""),
             "rung_base": run.get("rung_base", ""),
             "ceiling": run.get("ceiling", ""),
+            "ablation_of": run.get("ablation_of", ""),
             "runs_ok": len(ok),
             "runs": len(mine),
         }
@@ -323,8 +378,15 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
     if "images_per_s" not in summary:
         summary["images_per_s"] = None
     speed = dict(zip(summary.config, pd.to_numeric(summary.images_per_s, errors="coerce"), strict=True))
-    # images/s over another configuration's: the baseline (speed-up), the rung's base (its lesson), its ceiling
-    for column, other in (("speedup", "baseline"), ("speedup_rung", "rung_base"), ("of_ceiling", "ceiling")):
+    # images/s over another configuration's: the baseline (speed-up), the rung's base (its lesson), its ceiling,
+    # and for an ablation the whole configuration it leaves one change out of
+    ratios = (
+        ("speedup", "baseline"),
+        ("speedup_rung", "rung_base"),
+        ("of_ceiling", "ceiling"),
+        ("of_whole", "ablation_of"),
+    )
+    for column, other in ratios:
         summary[column] = [
             speed.get(c, float("nan")) / speed[b] if b in speed else None
             for c, b in zip(summary.config, summary[other], strict=True)
@@ -395,9 +457,18 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
         "workers start; time to target leaves compile_s out, the column after it includes it. On CPU, bfloat16 "
         "autocast is native with bf16 instructions and emulated (slow) without: see the CPU line above.\n\n"
     )
+    is_ablation = summary.ablation_of.map(_text).to_numpy() != ""
     text = header + ladder_markdown(summary)
-    if (~is_loader).any():
-        text += "## Training scripts\n\n" + _training_table(summary[~is_loader]) + "\n"
+    if (~is_loader & ~is_ablation).any():
+        text += "## Training scripts\n\n" + _training_table(summary[~is_loader & ~is_ablation]) + "\n"
+    if is_ablation.any():
+        text += (
+            "## Ablations: one change left out\n\nEach row runs a configuration with one of its changes left out "
+            "(train_fast.py --without X); × the whole: its images/s over the whole configuration's; the change "
+            "buys: the inverse, the speed-up that change alone is worth there.\n\n"
+            + _ablation_table(summary[is_ablation])
+            + "\n"
+        )
     if is_loader.any():
         text += "## Input pipelines (JPEG files)\n\n" + _loader_table(summary[is_loader]) + "\n"
     return text
@@ -515,6 +586,25 @@ def _loader_table(summary: pd.DataFrame) -> str:
                 "status": _status(r),
             }
         )
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def _ablation_table(summary: pd.DataFrame) -> str:
+    """One row per ablation: the configuration left out of, images/s, over the whole, what the change buys."""
+    rows = [
+        {
+            "configuration": r["config"],
+            "one change left out of": _text(r.get("ablation_of")),
+            "images/s": _images_per_s(r),
+            "× the whole": _x(r.get("of_whole")),
+            "the change buys": _x(1 / r["of_whole"]) if pd.notna(r.get("of_whole")) and r["of_whole"] else "–",
+            "step p50 (ms)": _fmt(r.get("step_ms_p50"), ".1f"),
+            "data-wait": _wait(r),
+            "test acc": _acc(r),
+            "status": _status(r),
+        }
+        for r in summary.to_dict("records")
+    ]
     return pd.DataFrame(rows).to_markdown(index=False) + "\n"
 
 
@@ -755,10 +845,12 @@ def main() -> None:
     }
     common.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
     jobs = [(run, k) for run in matrix for k in range(1, run["repeats"] + 1)]
-    rows, interrupted = [], False
+    rows = []
     print(f"bench: profile {profile}, {len(matrix)} configurations, {len(jobs)} runs -> {out}", flush=True)
-    try:
+    with Stop() as stop:  # from here on, Ctrl-C and SIGTERM stop the matrix at a safe point, never mid-write
         for run, k in (bar := tqdm(jobs, unit="run", dynamic_ncols=True)):
+            if stop.signal is not None:
+                break
             bar.set_description(f"{run['name']} r{k}")
             reason = skip_reason(run, gpus)
             previous = done.get((run["name"], k))
@@ -769,7 +861,7 @@ def main() -> None:
             ):
                 row = previous  # --resume: this run already finished with the same command
             else:
-                row = execute(run, k, out, args.python, gpus)
+                row = execute(run, k, out, args.python, gpus, stop)
             rows.append(row)
             write_csv(pd.DataFrame(rows), out / "runs.csv")  # after every run: an interruption keeps what finished
             bar.write(
@@ -778,16 +870,17 @@ def main() -> None:
                 + (f", {row['images_per_s']:.1f} images/s" if pd.notna(row.get("images_per_s") or None) else "")
                 + (f" ({row['reason']})" if isinstance(row.get("reason"), str) and row["reason"] else "")
             )
-            if row["status"] == "interrupted":
-                raise KeyboardInterrupt
-    except KeyboardInterrupt:
-        interrupted = True
-        print("bench: interrupted; writing the rows that finished (add --resume to run the rest)", file=sys.stderr)
-    runs = pd.DataFrame(rows)
-    write_csv(runs, out / "runs.csv")
-    summary = write_tables(out, runs, matrix, env, profile)
-    if interrupted:
-        raise SystemExit(130)  # the shell's code for Ctrl-C
+        if stop.signal is not None:
+            print(
+                f"bench: interrupted ({stop.name}); writing the rows that finished (add --resume to run the rest)",
+                file=sys.stderr,
+                flush=True,
+            )
+        runs = pd.DataFrame(rows)
+        write_csv(runs, out / "runs.csv")
+        summary = write_tables(out, runs, matrix, env, profile)
+    if stop.signal is not None:
+        raise SystemExit(128 + stop.signal)  # the shell's code for a signal: 130 for Ctrl-C, 143 for SIGTERM, 129 HUP
     failed = (summary.status != "ok") & (summary.status != "skipped")
     if failed.any():
         print(
@@ -797,4 +890,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # Ctrl-C before the matrix starts (reading the profile, the environment): no run yet
+        print("bench.py: interrupted before any run (Ctrl-C)", file=sys.stderr)
+        raise SystemExit(130) from None

@@ -1070,6 +1070,20 @@ def load_checkpoint(
     return state
 
 
+def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool = True) -> None:
+    """After `--resume`: if the checkpoint's global `step` already reaches this run's `total_steps`, the run is
+    finished. Say so in one line (rank 0 only when `master` is False elsewhere), leave the process group (under
+    torchrun every rank calls this and exits together) and exit with status 0, so that re-running a finished job,
+    e.g. a requeued one, is harmless. Otherwise return."""
+    if step < total_steps:
+        return
+    if master:
+        print(f"{checkpoint} holds a finished run ({step} of {total_steps} steps): nothing left to train", flush=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(0)
+
+
 # ----------------------------------------------------------------------------------------------------------------
 # ImageFolder helpers (the loaders)
 

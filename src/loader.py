@@ -82,6 +82,7 @@ if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
 # -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------

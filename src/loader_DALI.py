@@ -9,6 +9,13 @@ bottleneck. DALIGenericIterator hands the batches to PyTorch as tensors already 
 runs in its CPU-only mode (device_id=None, `cpu` operators): the nearest honest equivalent, which this script says in
 one line. Under torchrun (RANK, WORLD_SIZE) with --loader-only, `fn.readers.file` reads shard RANK of WORLD_SIZE, so
 ranks see disjoint files; images/s and the label counts are summed over ranks and rank 0 writes the metrics.
+Shuffling: `shuffle_after_epoch=True` makes every epoch a fresh permutation of all the files, as DataLoader's
+shuffle=True does (sharded, each rank takes its part of the same permutation, so shards stay disjoint); its
+permutations come from DALI's fixed seed, so they are the same in every run whatever --seed says. Pitfall:
+`random_shuffle=True` shuffles the file list once and then draws from a 1,024-file buffer moving along it, so every
+epoch keeps nearly the order of the one before (over 8,192 files, a file's positions in two consecutive epochs
+correlate at 0.85, measured with tests/test_equivalence.py's order check run against random_shuffle=True; 0.009 with
+shuffle_after_epoch): not the fresh permutation per epoch that shuffle=True gives.
 Needs `pip install nvidia-dali-cuda120`.
 
     python src/loader_DALI.py                                          # small CNN on 32 px crops of Fashion-MNIST JPEGs
@@ -66,8 +73,8 @@ train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_siz
 # new # begin: the same pipeline as a DALI graph, built once and run by `threads` C++ threads (and the GPU)
 @pipeline_def(batch_size=args.batch_size, num_threads=threads, device_id=device.index or 0 if gpu else None)
 def image_pipeline(root, training):
-    files, labels = fn.readers.file(
-        file_root=root, shard_id=rank, num_shards=world_size, random_shuffle=training, seed=args.seed, name="Reader"
+    files, labels = fn.readers.file(  # shuffle_after_epoch: each epoch a new permutation of all files, as shuffle=True
+        file_root=root, shard_id=rank, num_shards=world_size, shuffle_after_epoch=training, name="Reader"
     )
     decoder = "mixed" if gpu else "cpu"  # mixed: Huffman decoding on the CPU, the rest on the GPU (nvJPEG)
     if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
@@ -138,6 +145,7 @@ if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
 # -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------

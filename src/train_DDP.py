@@ -108,6 +108,7 @@ if args.resume and checkpoint.exists():
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -144,6 +145,11 @@ for epoch in range(start_epoch, args.epochs):
             break
     meter.pause()  # synchronises: evaluation is not training time
 
+    # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
+    # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
+    for buffer in model.module.buffers():  # (timm's distribute_bn does this, or averages them)
+        dist.broadcast(buffer, src=0)
+    # new # end
     val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
     # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
     n = len(test_loader.dataset)

@@ -1,17 +1,24 @@
 # new # begin: this script's own docstring
-"""Elastic DDP: train_DDP.py + mid-epoch checkpoints and a resume that skips done batches, so torchrun restarts.
+"""Fault-tolerant DDP: train_DDP.py + mid-epoch checkpoints and a resume that skips done batches at the sampler.
 
 A worker that dies (a preempted node, an OOM kill, a hardware fault) fails the whole group: the other ranks stop in
-their next collective. `torchrun --max-restarts K` then stops the survivors and starts the group again, up to K times.
-This script makes that restart continue where it stopped instead of from step 0: rank 0 saves last.pt every
---checkpoint-every steps and at each epoch end (atomically), with the finished epochs, the global step, the sampler's
-epoch and the per-epoch records; with --resume every rank loads it, the one-cycle schedule continues at that step,
-sampler.set_epoch gives the same shuffle, and the batches the epoch had already run are skipped, so the restarted job
-sees the same data in the same order. At most --checkpoint-every steps are repeated.
+their next collective. torchrun's docs call the cure a *fault-tolerant* launch: `torchrun --max-restarts K` stops the
+survivors and starts the group again, with the same world size, up to K times (its elastic agent,
+torch.distributed.elastic, does the restarting; the file is named after it). This script makes that restart continue
+where it stopped instead of from step 0: rank 0 saves last.pt every --checkpoint-every steps and at each epoch end
+(atomically), with the finished epochs, the global step, the per-epoch records and the loss summed so far in the
+epoch; with --resume every rank loads it, the one-cycle schedule continues at that step, sampler.set_epoch gives the
+epoch's shuffle again, and the sampler starts after the samples the epoch already trained on (indices skipped: no
+batch is loaded twice), so the restarted job sees the same data in the same order and, with --deterministic, ends
+with the uninterrupted run's weights bit for bit (tests/test_equivalence.py restarts at every step boundary). At most
+--checkpoint-every steps are repeated; a finished run resumed again says so and exits 0. What it does not do: an
+*elastic* membership change (`--nnodes MIN:MAX`, a group that shrinks or grows) changes the world size, and with it
+every epoch's shards and steps, so --resume refuses a checkpoint from another world size in one line (exit 2).
+torchdata's StatefulDataLoader does the same mid-epoch bookkeeping for any sampler; the sampler below shows what it is.
+Synthetic data has no sampler to skip with: there the loop stops after the epoch's remaining steps (itertools.islice).
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun's agent shares one TCP store with its workers and keeps it across
 restarts, so a restarted group can read the dead group's addresses and fail to connect (gloo `connectFullMesh ...
 Connection refused`, pytorch/pytorch#135712); with the variable each attempt gets a fresh store.
---resume refuses a checkpoint from another world size (an epoch's steps and shards change with it; one line, exit 2).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP_elastic.py \
         --checkpoint-dir ckpt --checkpoint-every 200 --resume
@@ -33,6 +40,21 @@ from torch.utils.data.distributed import DistributedSampler  # new #
 
 import common
 
+
+# new # begin: a DistributedSampler that can start a pass part-way, so a restart skips done batches as indices
+class ResumableSampler(DistributedSampler):
+    """DistributedSampler whose next pass starts at position `start` of this rank's shuffled shard (then at 0 again):
+    a restarted epoch skips the samples it already trained on without loading them. len() stays the whole shard."""
+
+    start = 0
+
+    def __iter__(self):
+        indices = list(super().__iter__())[self.start :]
+        self.start = 0
+        return iter(indices)
+
+
+# new # end
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
     "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on CUDA, else gloo"
@@ -73,7 +95,7 @@ if args.dataset == "synthetic":
 else:
     train_set, test_set = common.load_data(args)
     # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
-    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    sampler = ResumableSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)  # new #
     test_set = torch.utils.data.Subset(test_set, range(rank, len(test_set), world_size))  # no padding: each image once
     # new # end
     train_loader = DataLoader(
@@ -113,6 +135,7 @@ if args.resume and checkpoint.exists():
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -124,12 +147,17 @@ if master:  # new #
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
+    done = max(0, step - epoch * len(train_loader))  # new # steps this epoch ran before a restart (else 0)
     if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
         sampler.set_epoch(epoch)  # new #
+        sampler.start = done * args.batch_size  # new # skip the samples of the done steps: none is loaded again
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    done = max(0, step - epoch * len(train_loader))  # new # > 0 only in an epoch resumed mid-way: skip its first steps
-    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # new #
+    if done:  # new # an epoch resumed mid-way: its loss and steps so far, so its record is the whole epoch's
+        loss_sum, epoch_steps = state["epoch_loss_sum"].to(device), done  # new #
+    logits = None  # new # a checkpoint at an epoch's last step leaves no step to run before its evaluation
+    # new # the sampler skips the done steps' samples; synthetic data has no sampler: stop after the steps left
+    for images, labels in meter.loader(itertools.islice(train_loader, len(train_loader) - done)):  # new #
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -146,17 +174,23 @@ for epoch in range(start_epoch, args.epochs):
         meter.step(images.size(0))
         if master and step % args.log_every == 0:  # new #
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
-        # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps (rank 0 writes; replicas are equal)
+        if step == total_steps:
+            break
+        # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps (rank 0 writes; replicas are equal);
+        # not at the run's last step: a run is finished only once its last evaluation is done and saved below
         if checkpoint and master and args.checkpoint_every and step % args.checkpoint_every == 0:
             common.save_checkpoint(
-                checkpoint, args, model.module, optimizer, epoch, step, sampler_epoch=epoch, epochs=epochs
+                checkpoint, args, model.module, optimizer, epoch, step, epochs=epochs, epoch_loss_sum=loss_sum
             )
             print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
         # new # end
-        if step == total_steps:
-            break
     meter.pause()  # synchronises: evaluation is not training time
 
+    # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
+    # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
+    for buffer in model.module.buffers():  # (timm's distribute_bn does this, or averages them)
+        dist.broadcast(buffer, src=0)
+    # new # end
     val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
     # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
     n = len(test_loader.dataset)
@@ -170,8 +204,8 @@ for epoch in range(start_epoch, args.epochs):
     if master:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint and master:  # new # rank 0 writes; every replica is the same
-        common.save_checkpoint(  # new # no "module." prefix; the sampler's epoch and the records, for a restart
-            checkpoint, args, model.module, optimizer, epoch + 1, step, sampler_epoch=epoch + 1, epochs=epochs
+        common.save_checkpoint(  # new # no "module." prefix; the records too, for a restart
+            checkpoint, args, model.module, optimizer, epoch + 1, step, epochs=epochs
         )
     if step == total_steps:
         break
@@ -184,7 +218,7 @@ if master:  # new #
         summary,
         epochs,
         script="train_DDP_elastic.py",  # new #
-        technique="elastic DDP",  # new #
+        technique="fault-tolerant DDP",  # new #
         precision=common.precision_label(device),
         device=device,
         world_size=world_size,  # new #

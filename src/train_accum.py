@@ -2,15 +2,20 @@
 """Gradient accumulation: train_DDP.py + K micro-batches per optimizer step, DDP's all-reduce once per step (no_sync).
 
 When the batch you want does not fit in memory, run it as K micro-batches of --batch-size: each backward adds its
-gradients into .grad, the loss is divided by K so that the sum is the mean over the whole batch, and the optimizer
-steps (and clears .grad) once every K micro-batches. The effective global batch is batch x K x world size. Under DDP
+gradients into .grad, the loss is divided by K so that the sum is the mean over the whole batch, and the optimizer steps
+(and clears .grad) once every K micro-batches. The effective global batch is batch x K x world size. When an epoch's
+micro-batches are not a multiple of K, its last len % K are dropped, as drop_last drops a partial batch: a step never
+applies more or fewer than K, and gradients never leak into the next epoch's first step (the choice that keeps every
+step the same size; stepping on the incomplete group with its loss divided by its own size would be the other honest
+one). So --batch-size 32 --accum-steps 4 trains what train_DDP.py --batch-size 128 trains, sample for sample
+(tests/test_equivalence.py), and the progress line prints the loss of one micro-batch, like train_DDP.py's. Under DDP
 every backward would all-reduce the gradients; `model.no_sync()` around forward *and* backward of the first K-1
-micro-batches skips that, so the ranks communicate once per optimizer step. A comm hook counts the all-reduces (one
-per gradient bucket per synchronised backward): the metrics report them per optimizer step, and
---all-reduce-every-micro-batch shows what no_sync saves. The learning-rate schedule steps per optimizer step.
-Pitfalls: BatchNorm still sees micro-batches (its statistics are per micro-batch, so K x 32 is not exactly one batch of
-K x 32 x world size for a model with BatchNorm; it is for one without, e.g. --model mlp); `optimizer.zero_grad` before
-every backward would throw the accumulated gradients away; no_sync around the forward only still all-reduces.
+micro-batches skips that, so the ranks communicate once per optimizer step. A comm hook counts the all-reduces (one per
+gradient bucket per synchronised backward): the metrics report them per optimizer step, and
+--all-reduce-every-micro-batch shows what no_sync saves. The learning-rate schedule steps per optimizer step. Pitfalls:
+BatchNorm still sees micro-batches (its statistics are per micro-batch, so K x 32 is not exactly one batch of K x 32 x
+world size for a model with BatchNorm; it is for one without, e.g. --model mlp); `optimizer.zero_grad` before every
+backward would throw the accumulated gradients away; no_sync around the forward only still all-reduces.
 
     torchrun --nproc-per-node 2 src/train_accum.py --device cpu --workers 1 --batch-size 32 --accum-steps 4
     torchrun --nproc-per-node gpu src/train_accum.py --model resnet18 --batch-size 64 --accum-steps 4 --lr 2e-3
@@ -19,6 +24,7 @@ every backward would throw the accumulated gradients away; no_sync around the fo
 # new # end
 
 import contextlib  # new #
+import itertools  # new #
 import os  # new #
 
 import torch
@@ -113,10 +119,11 @@ model.register_comm_hook(None, count_allreduces)
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
-# new # begin: optimizer steps, K micro-batches each
+# new # begin: optimizer steps of K micro-batches each; an epoch's last len % K micro-batches are dropped (drop_last)
 if len(train_loader) < args.accum_steps:
     common.die(f"--accum-steps {args.accum_steps} is more than the {len(train_loader)} micro-batches of an epoch")
-total_steps = args.epochs * (len(train_loader) // args.accum_steps)
+steps_per_epoch = len(train_loader) // args.accum_steps
+total_steps = args.epochs * steps_per_epoch
 # new # end
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
@@ -128,6 +135,7 @@ if args.resume and checkpoint.exists():
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -143,15 +151,16 @@ for epoch in range(start_epoch, args.epochs):
         sampler.set_epoch(epoch)  # new #
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    for micro, (images, labels) in enumerate(meter.loader(train_loader), start=1):  # new # count the micro-batches
+    micro_batches = itertools.islice(train_loader, steps_per_epoch * args.accum_steps)  # new # whole groups of K only
+    for micro, (images, labels) in enumerate(meter.loader(micro_batches), start=1):  # new # count the micro-batches
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         sync = micro % args.accum_steps == 0 or args.all_reduce_every_micro_batch  # new # all-reduce at the K-th
         with contextlib.nullcontext() if sync else model.no_sync():  # new # no_sync: no all-reduce in this backward
             logits = model(images)
-            loss = criterion(logits, labels) / args.accum_steps  # new # the K gradients add up to the batch mean's
-            loss.backward()
-        loss_sum += loss.detach()  # new # moved up: every micro-batch adds its share of the step's loss
+            loss = criterion(logits, labels)
+            (loss / args.accum_steps).backward()  # new # the K gradients add up to the gradient of their mean loss
+        loss_sum += loss.detach() / args.accum_steps  # new # moved up: each micro-batch adds its share of the step's
         if micro % args.accum_steps:  # new #
             continue  # new # the gradients accumulate in .grad until the K-th micro-batch
         if args.clip_grad_norm:
@@ -168,6 +177,11 @@ for epoch in range(start_epoch, args.epochs):
             break
     meter.pause()  # synchronises: evaluation is not training time
 
+    # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
+    # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
+    for buffer in model.module.buffers():  # (timm's distribute_bn does this, or averages them)
+        dist.broadcast(buffer, src=0)
+    # new # end
     val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
     # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
     n = len(test_loader.dataset)

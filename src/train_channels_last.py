@@ -16,6 +16,8 @@ model silently turns the activations back to NCHW, so this script checks every c
 """
 # new # end
 
+import warnings  # new #
+
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
@@ -34,8 +36,8 @@ amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16
 if amp_dtype == "float16" and device.type == "cpu":
     print("AMP: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
     amp_dtype = "bfloat16"
-if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-    print("AMP: this GPU has no bfloat16 (needs compute capability 8.0+); running float16 instead", flush=True)
+if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+    print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
 # new # end
@@ -78,6 +80,12 @@ if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
 scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
+# new # begin: GradScaler skips the steps whose float16 gradients overflowed (a few at the start, while it calibrates);
+# the schedule still advances every iteration, as in train.py: knowing whether a step was skipped would cost a host
+# sync per step (scaler.get_scale()). torch warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+# about exactly that, so the warning is expected here and silenced.
+warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+# new # end
 total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
@@ -88,6 +96,7 @@ if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)  # new # + loss scale
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 

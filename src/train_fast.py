@@ -1,37 +1,47 @@
 # new # begin: this script's own docstring
-"""Everything stacked: train_compile.py + DALI or device-resident input, fused AdamW, cuDNN autotuning, no host syncs.
+"""Everything stacked: train_compile.py + DALI or device-resident input, fused AdamW, cuDNN autotuning.
 
 The last rung of the ladder train.py -> train_amp.py -> train_channels_last.py -> train_compile.py -> this file. Its
 base already runs the model in float16 / bfloat16 (autocast) with NHWC tensors, compiled; this file removes what is
-left between the GPU and its peak:
-- input: JPEG files (`--dataset imagefolder --data-dir ROOT`, an ImageFolder with train/ and val/) go through the
-  DALI graph of loader_DALI.py, with `mixed` decoding on the GPU, sharded by rank, and `crop_mirror_normalize`
-  writing float16 NHWC, which a permute turns into the channels_last batch the model wants without a copy;
-  Fashion-MNIST (47 MB) is held on the device whole, shuffled with a device permutation and flipped at random there,
-  with no DataLoader, worker or host-to-device copy at all;
-- `torch.optim.AdamW(..., fused=True)`: one kernel updates every parameter instead of a loop of small ones;
-- `cudnn.benchmark`: cuDNN times its convolution algorithms once for the fixed input shape and keeps the fastest;
-  TF32 for the float32 matmuls left outside autocast;
-- no host synchronisation inside the step (losses summed on the device, the GradScaler's checks on the device, the
-  fused optimizer reading its found-inf flag there), so the CPU queues steps ahead of the GPU.
+left between the GPU and its peak, and trains the same model on the same data as its base:
+- input (`--without device-data` puts the base's DataLoader back): Fashion-MNIST (219 MB as normalised float32) is
+  held on the device whole;
+  a DataLoader over the indices alone (the base's shuffle and generator, so with --workers 0 the very batches the base
+  trains on, unaugmented like the base's) picks each batch, and only those int64 indices cross to the GPU, from
+  pinned memory; JPEG files (`--dataset imagefolder --data-dir ROOT`, an ImageFolder with train/ and val/; the base
+  has no such input, so compare with loader.py / loader_DALI.py) go through loader_DALI.py's graph, `mixed` decoding
+  on the GPU, `crop_mirror_normalize` writing float16 NHWC, which a permute turns into the channels_last batch the
+  model wants without a copy;
+- `torch.optim.AdamW(..., fused=True)` (`--without fused-adamw`): the base's AdamW already updates all parameters
+  with a few multi-tensor (foreach) kernels on CUDA; the fused one needs fewer still, and takes GradScaler's scale
+  and found-inf flag on the device, where scaler.step(optimizer) otherwise reads found-inf with .item(), a host sync
+  every step (float16 only: bfloat16 has no scaler);
+- `cudnn.benchmark` (`--without cudnn-benchmark`): cuDNN times its convolution algorithms once for the fixed input
+  shape and keeps the fastest.
+No TF32 setting: under autocast every convolution and matmul of the step already runs in float16 / bfloat16, so
+torch.set_float32_matmul_precision("high") would change only the untimed float32 evaluation.
+The bench's ablation rows run this file with each change removed in turn, so each one's share is measured.
 --batch-size: the largest that fits is fastest; the bench keeps the other rungs' batch so that the rows compare.
+It is a single-process script: under torchrun with a world size above 1 it refuses in one line (see train_DDP.py).
 On a CPU it runs too (DALI's CPU-only mode, Inductor's C++ kernels, bfloat16) and says in one line what it cannot do.
 
     python src/train_fast.py --model resnet18 --epochs 8 --batch-size 256 --lr 2e-3 --target-acc 0.93   # Fashion-MNIST
     python src/train_fast.py --dataset imagefolder --data-dir data/imagenet-synthetic --image-size 224 \
         --model resnet50 --batch-size 256 --threads 16 --lr 2e-3      # ResNet-50 from JPEG files, end to end
     python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # the ceiling
+    python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100 --without fused-adamw
     diff src/train_compile.py src/train_fast.py                       # only the lines marked `# new #`
 """
 # new # end
 
 import os  # new #
 import shutil  # new #
+import warnings  # new #
 
 import torch
 import torch.nn as nn
+from torch.utils.data import DataLoader
 
-# new # no DataLoader: the batches come from DALI or straight from device memory
 import common
 
 parser = common.get_parser(__doc__, datasets=("fashion-mnist", "synthetic", "imagefolder"))  # new #
@@ -47,12 +57,22 @@ parser.add_argument(  # new #
 parser.add_argument(  # new #
     "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
 )
+parser.add_argument(  # new #
+    "--without",
+    choices=["device-data", "fused-adamw", "cudnn-benchmark"],
+    action="append",
+    default=[],
+    help="ablation: leave out one of this script's changes (repeatable), to measure its share",
+)
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: let cuDNN time its convolution algorithms for the fixed input shape; TF32 for fp32 matmuls left over
-torch.backends.cudnn.benchmark = not args.deterministic
-torch.backends.cuda.matmul.allow_tf32 = True
+# new # begin: one process, one device; cuDNN times its convolution algorithms for the fixed input shape
+if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    common.die("train_fast.py is a single-process script; for several GPUs under torchrun, see train_DDP.py")
+if "device-data" in args.without and args.dataset != "fashion-mnist":
+    parser.error("--without device-data applies to --dataset fashion-mnist (the other inputs have no DataLoader here)")
+torch.backends.cudnn.benchmark = not args.deterministic and "cudnn-benchmark" not in args.without
 if device.type == "cpu":
     print("train_fast.py: no GPU: no 'mixed' JPEG decoding, no float16 tensor cores; DALI CPU-only mode, bfloat16")
 # new # end
@@ -61,8 +81,8 @@ amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16
 if amp_dtype == "float16" and device.type == "cpu":
     print("AMP: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
     amp_dtype = "bfloat16"
-if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-    print("AMP: this GPU has no bfloat16 (needs compute capability 8.0+); running float16 instead", flush=True)
+if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+    print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
 # new # end
@@ -74,35 +94,28 @@ if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
 # new # end
 
 
-# new # begin: Fashion-MNIST without a DataLoader: the whole set on the device, batches cut from it there
+# new # begin: Fashion-MNIST held on the device whole; a DataLoader over the indices alone picks each batch
 class DeviceLoader:
-    """Batches of a TensorDataset held on `device`: images (N, C, H, W) in channels_last, labels int64 (N,).
+    """Batches of a TensorDataset held on `device`: images float32 (N, C, H, W) in channels_last, labels int64 (N,).
 
-    Training order is a device permutation per pass, each image flipped left-right with probability 1/2 (on the
-    device); evaluation order is the stored one. No worker, no host-to-device copy, no synchronisation.
+    The order comes from `DataLoader(range(len(dataset)), **loader_args)`: the base's sampling, shuffle and generator
+    (with --workers 0 the very same batches), without the images. Only each batch's int64 indices cross to the
+    device, from pinned memory, asynchronously: no worker, no image copy, no synchronisation.
     """
 
-    def __init__(self, dataset, batch_size: int, device: torch.device, train: bool):
+    def __init__(self, dataset, device: torch.device, **loader_args):
         images, labels = dataset.tensors
         self.images = images.to(device).contiguous(memory_format=torch.channels_last)
-        self.labels, self.batch_size, self.train, self.dataset = labels.to(device), batch_size, train, dataset
+        self.labels, self.dataset = labels.to(device), dataset
+        self.indices = DataLoader(range(len(labels)), pin_memory=device.type == "cuda", **loader_args)
 
     def __len__(self) -> int:
-        n = len(self.labels)
-        return n // self.batch_size if self.train else -(-n // self.batch_size)  # training drops the partial batch
+        return len(self.indices)
 
     def __iter__(self):
-        n = len(self.labels)
-        order = (
-            torch.randperm(n, device=self.labels.device) if self.train else torch.arange(n, device=self.labels.device)
-        )
-        for i in range(len(self)):
-            index = order[i * self.batch_size : (i + 1) * self.batch_size]
-            images = self.images[index]
-            if self.train:  # RandomHorizontalFlip, as a device op
-                flip = torch.rand(len(index), 1, 1, 1, device=images.device) < 0.5
-                images = torch.where(flip, images.flip(3), images)
-            yield images, self.labels[index]
+        for index in self.indices:
+            index = index.to(self.labels.device, non_blocking=True)
+            yield self.images[index], self.labels[index]
 
 
 num_classes = 10  # Fashion-MNIST's and the synthetic batch's; an ImageFolder has its own
@@ -119,19 +132,20 @@ elif args.dataset == "imagefolder":
         common.die("--dataset imagefolder needs NVIDIA DALI: pip install nvidia-dali-cuda120 (Linux x86_64)")
     train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
     num_classes, side = len(classes), common.input_shape(args)[1]
-    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     gpu, threads = device.type == "cuda", args.threads or max(1, args.workers)
 
     @pipeline_def(batch_size=args.batch_size, num_threads=threads, device_id=device.index or 0 if gpu else None)
     def jpeg_pipeline(root, training):
         files, labels = fn.readers.file(
-            file_root=root, shard_id=rank, num_shards=world_size, random_shuffle=training, seed=args.seed, name="Reader"
+            file_root=root,
+            shuffle_after_epoch=training,
+            name="Reader",  # a new permutation of all files every epoch
         )
         decoder = "mixed" if gpu else "cpu"  # mixed: Huffman decoding on the CPU, the rest on the GPU (nvJPEG)
         if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
-            images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed + rank)
+            images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed)
             images = fn.resize(images, resize_x=side, resize_y=side)
-            mirror = fn.random.coin_flip(probability=0.5, seed=args.seed + rank)  # RandomHorizontalFlip
+            mirror = fn.random.coin_flip(probability=0.5, seed=args.seed)  # RandomHorizontalFlip
         else:  # shorter side to side / 0.875, then the centre crop
             images = fn.decoders.image(files, device=decoder, output_type=types.RGB)
             images = fn.resize(images, resize_shorter=round(side / 0.875))
@@ -178,8 +192,24 @@ elif args.dataset == "imagefolder":
 # new # end
 else:
     train_set, test_set = common.load_data(args)
-    train_loader = DeviceLoader(train_set, args.batch_size, device, train=True)  # new #
-    test_loader = DeviceLoader(test_set, 1000, device, train=False)  # new #
+    if "device-data" in args.without:  # new # ablation: the base's DataLoader
+        train_loader = DataLoader(
+            train_set,
+            batch_size=args.batch_size,
+            shuffle=True,
+            drop_last=True,  # every step sees a full batch, so step times compare
+            num_workers=args.workers,
+            pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+            persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+            worker_init_fn=common.seed_worker,
+            generator=generator,
+        )
+        test_loader = DataLoader(test_set, batch_size=1000)
+    else:  # new # the same sampling as the DataLoader above, the images already on the device
+        train_loader = DeviceLoader(  # new #
+            train_set, device, batch_size=args.batch_size, shuffle=True, drop_last=True, generator=generator
+        )
+        test_loader = DeviceLoader(test_set, device, batch_size=1000)  # new #
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args), num_classes)  # new # an ImageFolder's own classes
@@ -201,8 +231,15 @@ if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
 # new # end
 compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)  # new # `model` stays eager: eval, checkpoints
 criterion = nn.CrossEntropyLoss()
-optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=True)  # new # one kernel
+fused = "fused-adamw" not in args.without  # new #
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=fused)  # new # one kernel
 scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
+# new # begin: GradScaler skips the steps whose float16 gradients overflowed (a few at the start, while it calibrates);
+# the schedule still advances every iteration, as in train.py: knowing whether a step was skipped would cost a host
+# sync per step (scaler.get_scale()). torch warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
+# about exactly that, so the warning is expected here and silenced.
+warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
+# new # end
 total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
@@ -213,6 +250,7 @@ if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)  # new # + loss scale
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -249,7 +287,7 @@ for epoch in range(start_epoch, args.epochs):
             break
     meter.pause()  # synchronises: evaluation is not training time
 
-    with torch.autocast(device.type, dtype=amp_dtype):  # new # DALI's batches are float16: evaluate in autocast too
+    with torch.autocast(device.type, dtype=amp_dtype, enabled=args.dataset == "imagefolder"):  # new # DALI: float16
         val_loss, val_acc = common.evaluate(model, test_loader, device)
     epochs.append(
         common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
@@ -276,5 +314,6 @@ common.report(
     loader=f"DALI {'mixed' if device.type == 'cuda' else 'cpu'}" if args.dataset == "imagefolder" else None,  # new #
     workers=args.threads or max(1, args.workers) if args.dataset == "imagefolder" else None,  # new # DALI threads
     image_size=common.input_shape(args)[1] if args.dataset == "imagefolder" else None,  # new # the crop side
+    without=args.without,  # new # the changes left out (ablation rows)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

@@ -1,18 +1,27 @@
 # new # begin: this script's own docstring
 """Model parallelism: train.py + the model cut into two stages on two devices, micro-batches pipelined through them.
 
-When a model does not fit in one GPU's memory, put its first layers on cuda:0 and the rest on cuda:1 and move the
-activations between them: each GPU holds half the weights, gradients and optimizer state. Run naively, one GPU waits
-while the other works. Split-batch pipelining (PyTorch's "Single-Machine Model Parallel Best Practices") cuts each
-batch into --micro-batches pieces: while stage 1 runs micro-batch i on cuda:1, stage 0 already runs micro-batch i+1 on
-cuda:0, because CUDA calls return before the kernels finish. The cut is at half the parameters. With fewer than 2 GPUs
-both stages run on one device (the nearest honest equivalent, said in one line): the same code, no overlap, so it
-only costs time; it helps when a model does not fit one GPU, not for speed on one that fits (see the tables). Pitfalls:
-BatchNorm sees micro-batches; the labels must be on the last stage's device; the checkpoint is the original model's
-state dict (the stages share its layers), so train.py loads it.
+When a model does not fit in one GPU's memory, put its first blocks on cuda:0 and the rest on cuda:1 and move the
+activations between them: each GPU holds its stage's weights, gradients and optimizer state. The cut falls between
+blocks (a Sequential's layers; a ResNet's stem layers, each residual block of layer1-4, the pooling and fc), never
+inside one, where --balance says the two stages are most even: `params` (default; the reason to split is memory) or
+`flops` (forward FLOPs counted with torch.utils.flop_counter.FlopCounterMode on one image: stages that take similar
+time, for pipeline speed). Both stages' parameters and forward GFLOPs are printed and in the metrics (stage_params,
+stage_gflops). How even a cut can be depends on the model: ResNet-18 at 28 px splits 6,447,040 / 4,725,770 parameters by
+`params` (0.76 / 0.15 forward GFLOPs), 674,240 / 10,498,570 by `flops` (0.44 / 0.47); the small CNN, whose one Linear
+layer holds 95 % of the weights, no better than 18,912 / 402,826. Run naively, one GPU waits while the other works;
+split-batch pipelining (GPipe's schedule) cuts each batch into --micro-batches pieces: while stage 1 runs micro-batch i
+on cuda:1, stage 0 already runs micro-batch i+1 on cuda:0, because CUDA calls return before the kernels finish. With
+fewer than 2 GPUs both stages run on one device (the nearest honest equivalent, said in one line): the same code, no
+overlap, so it only costs time. Pitfalls: BatchNorm sees micro-batches (for a model without it, the pipeline computes
+what the unsplit model computes: tests/test_equivalence.py); the labels must be on the last stage's device; the
+checkpoint is the original model's state dict (the stages share its layers), so train.py loads it. What comes next:
+torch.distributed.pipelining (one process per stage, schedules such as 1F1B that also overlap the backward passes) and
+FSDP (train_FSDP.py's kind: every layer's parameters sharded over all GPUs instead of the model cut in two).
 
     python src/train_model_parallel.py --micro-batches 4                    # cuda:0 + cuda:1, or one device
     python src/train_model_parallel.py --model resnet50 --dataset synthetic --batch-size 256 --micro-batches 8
+    python src/train_model_parallel.py --model resnet18 --balance flops    # stages of equal compute, for speed
     diff src/train.py src/train_model_parallel.py                           # only the lines marked `# new #`
 """
 # new # end
@@ -21,12 +30,19 @@ import torch
 import torch.nn as nn
 import torchvision  # new #
 from torch.utils.data import DataLoader
+from torch.utils.flop_counter import FlopCounterMode  # new #
 
 import common
 
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
     "--micro-batches", type=common.positive_int, default=4, help="pieces each batch is cut into for the pipeline"
+)
+parser.add_argument(  # new #
+    "--balance",
+    choices=["params", "flops"],
+    default="params",
+    help="cut where the stages' parameters (memory) or forward FLOPs (time) are most even",
 )
 args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
@@ -61,13 +77,35 @@ else:
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
-# new # begin: cut the model into two stages at half its parameters, stage 0 on devices[0], stage 1 on devices[1]
-layers = list(model.children())
-if isinstance(model, torchvision.models.ResNet):
-    layers.insert(-1, nn.Flatten(1))  # ResNet.forward flattens before fc; as a layer list, it needs that as a layer
-sizes = [sum(p.numel() for p in layer.parameters()) for layer in layers]
-cut = next(i for i in range(1, len(layers)) if sum(sizes[:i]) >= sum(sizes) / 2)
-stages = [nn.Sequential(*layers[:cut]).to(devices[0]), nn.Sequential(*layers[cut:]).to(devices[1])]
+# new # begin: the model as blocks that run one after another, cut where --balance makes the two stages most even
+if isinstance(model, torchvision.models.ResNet):  # ResNet.forward's steps, its residual blocks one by one
+    blocks = [model.conv1, model.bn1, model.relu, model.maxpool, *model.layer1, *model.layer2, *model.layer3]
+    blocks += [*model.layer4, model.avgpool, nn.Flatten(1), model.fc]  # forward flattens before fc: a layer here
+else:  # the small CNN and the MLP are Sequentials
+    blocks = list(model.children())
+params = [sum(p.numel() for p in block.parameters()) for block in blocks]
+channels, side = common.input_shape(args)
+image = torch.randn(1, channels, side, side, generator=torch.Generator().manual_seed(0)).to(device)  # one image
+flops, x = [], image
+with torch.no_grad():
+    model.eval()  # one image through every block: BatchNorm must not update its running statistics here
+    for block in blocks:
+        with FlopCounterMode(display=False) as counter:
+            x = block(x)
+        flops.append(counter.get_total_flops())  # forward FLOPs of one image (a multiply-add counts 2)
+    if not torch.allclose(x, model(image)):  # a forward that does more than its blocks in a row cannot be cut so
+        common.die(f"{args.model}'s blocks, run one after another, do not compute its forward; list them as it runs")
+cost = params if args.balance == "params" else flops
+cut = min(range(1, len(blocks)), key=lambda i: max(sum(cost[:i]), sum(cost[i:])))
+stages = [nn.Sequential(*blocks[:cut]).to(devices[0]), nn.Sequential(*blocks[cut:]).to(devices[1])]
+stage_params = [sum(params[:cut]), sum(params[cut:])]
+stage_gflops = [sum(flops[:cut]) / 1e9, sum(flops[cut:]) / 1e9]
+for i, (first, last) in enumerate([(0, cut - 1), (cut, len(blocks) - 1)]):
+    print(
+        f"stage {i} on {devices[i]}: blocks {first}-{last} of {len(blocks)}, {stage_params[i]:,} parameters, "
+        f"{stage_gflops[i]:.3g} forward GFLOPs per image (--balance {args.balance})",
+        flush=True,
+    )
 
 
 class Pipeline(nn.Module):
@@ -101,6 +139,7 @@ if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, optimizer, device)
     start_epoch, step = state["epoch"], state["step"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -156,6 +195,9 @@ common.report(
     device=device,
     gpus=len(set(devices)) if device.type == "cuda" else 0,  # new #
     micro_batches=args.micro_batches,  # new #
+    balance=args.balance,  # new #
+    stage_params=stage_params,  # new # parameters per stage
+    stage_gflops=stage_gflops,  # new # forward GFLOPs per image per stage
     stages=[str(d) for d in devices],  # new #
     steps=step,
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them

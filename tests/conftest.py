@@ -50,7 +50,7 @@ def fmnist_dir() -> Path:
         pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
 
 
-LONGEST_FIRST = ["test_smoke.py", "test_reliability.py", "test_techniques.py", "test_variants.py"]
+LONGEST_FIRST = ["test_equivalence.py", "test_smoke.py", "test_variants.py", "test_loaders.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,15 +1,22 @@
 """The bench runner, as a real subprocess: failures that become rows (failed, oom, timeout, skipped), Ctrl-C that
-keeps the finished rows, --resume, and --tables-only (the smoke profile's outputs: test_smoke.py)."""
+keeps the finished rows, --resume, and --tables-only (the smoke profile's outputs: test_smoke.py); and, in this
+process, a signal at each moment of a run (before its child starts, while it starts, while it runs)."""
 
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from conftest import REPO, run
+
+sys.path.insert(0, str(REPO / "bench"))
+
+import bench  # noqa: E402
 
 PNGS = ["throughput.png", "accuracy_vs_time.png", "memory.png", "data_wait.png"]
 
@@ -127,10 +134,10 @@ def test_ctrl_c_keeps_finished_rows_and_resume_runs_only_the_rest(tmp_path):
          "--out", out], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     deadline = time.monotonic() + 300
-    while not (out / "logs" / "long-r1.log").exists():  # the first run finished, the second started
+    log = out / "logs" / "long-r1.log"
+    while not (log.exists() and "training cnn" in log.read_text()):  # the first run finished, the second trains
         assert bench.poll() is None and time.monotonic() < deadline, bench.communicate()
-        time.sleep(0.5)
-    time.sleep(3)
+        time.sleep(0.2)
     bench.send_signal(signal.SIGINT)  # what Ctrl-C sends
     stdout, stderr = bench.communicate(timeout=120)
     assert bench.returncode == 130, stdout + stderr
@@ -151,3 +158,71 @@ def test_ctrl_c_keeps_finished_rows_and_resume_runs_only_the_rest(tmp_path):
     summary = pd.read_csv(out / "summary.csv").set_index("config")
     assert (summary.status == "ok").all() and summary.loc["quick", "images_per_s"] > 0
     assert summary.loc["long", "test_acc"] > 0.3  # 8 steps on 1,024 images; chance is 0.1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("moment", ["before the child starts", "while it starts", "while it runs"])
+def test_a_signal_at_any_moment_of_a_run_kills_its_child_and_leaves_an_interrupted_row(
+    moment, signum, tmp_path, monkeypatch
+):  # fmt: skip
+    """bench.execute with the runner's signal handling installed (bench.Stop, as main() does), the signal sent to this
+    process at a chosen moment: right after the run's log is opened (before subprocess.Popen), inside Popen once the
+    child exists (the moment a KeyboardInterrupt used to escape the kill and orphan the child), or once the child
+    prints its first training line. Each time: the row says interrupted, and no process of the run is left."""
+    run_ = {"name": "long", "script": "src/train.py", "args": ["--device", "cpu", "--epochs", "50"],
+            "launcher": "python", "timeout_s": 300}  # fmt: skip
+    me, children = os.getpid(), []
+    if moment == "before the child starts":
+        monkeypatch.setattr(bench, "open", lambda *a, **k: (os.kill(me, signum), open(*a, **k))[1], raising=False)
+    real_popen = subprocess.Popen
+
+    def popen(*args, **kwargs):
+        child = real_popen(*args, **kwargs)
+        children.append(child.pid)
+        if moment == "while it starts":
+            os.kill(me, signum)
+        return child
+
+    monkeypatch.setattr(bench.subprocess, "Popen", popen)
+    log = bench.run_paths(run_, 1, tmp_path)[0]
+
+    def signal_once_training():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (log.exists() and "training cnn" in log.read_text()):
+            time.sleep(0.1)
+        os.kill(me, signum)
+
+    if moment == "while it runs":
+        threading.Thread(target=signal_once_training, daemon=True).start()
+    with bench.Stop() as stop:
+        row = bench.execute(run_, 1, tmp_path, sys.executable, 0, stop)
+    assert stop.signal == signum and row["status"] == "interrupted", row
+    assert children == ([] if moment == "before the child starts" else children[:1])
+    for pid in children:
+        assert not Path(f"/proc/{pid}").exists()  # killed and reaped: no orphan, no zombie
+    assert not _alive(str(tmp_path / "metrics" / "long-r1.json"))
+    if moment == "while it runs":
+        assert "training cnn" in log.read_text()
+
+
+def test_a_killed_runner_takes_its_running_run_with_it(tmp_path):
+    """SIGKILL to the bench (nothing can catch it) while a run trains: the run, in a session of its own, gets SIGTERM
+    from the kernel (PR_SET_PDEATHSIG, set by the launcher every run starts through) and ends; no process is left."""
+    out = tmp_path / "out"
+    long = '\n[[t.runs]]\nname = "long"\nscript = "src/train.py"\nargs = ["--device", "cpu", "--epochs", "50"]\n'
+    bench = subprocess.Popen(
+        [sys.executable, "bench/bench.py", "--profile", "t", "--matrix", _matrix(tmp_path, long), "--out", out,
+         "--only", "long"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    log, marker = out / "logs" / "long-r1.log", str(out / "metrics" / "long-r1.json")
+    deadline = time.monotonic() + 300
+    while not (log.exists() and "training cnn" in log.read_text()):  # the run is training
+        assert bench.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    assert _alive(marker)
+    bench.kill()
+    bench.wait(timeout=60)
+    deadline = time.monotonic() + 60
+    while _alive(marker):  # the kernel's SIGTERM, then the process's exit: allow for a busy machine
+        assert time.monotonic() < deadline, "the run outlived its killed runner"
+        time.sleep(0.2)

@@ -161,20 +161,6 @@ def test_ddp_nccl_on_cpu_is_refused():
 # -- Mixed precision --------------------------------------------------------------------------------------------
 
 
-def test_amp_bfloat16_on_cpu_computes_in_bfloat16_and_matches_fp32_accuracy(tmp_path):
-    """Same seed, same data order: bf16 autocast ends within 3 points of fp32 (32 steps of 64 images)."""
-    flags = [*QUICK, "--subset", "2048", "--batch-size", "64", "--epochs", "1", "--log-every", "1000"]
-    fp32 = run("src/train.py", *flags, "--metrics-out", tmp_path / "fp32.json")
-    amp = run("src/train_amp.py", *flags, "--metrics-out", tmp_path / "amp.json")
-    assert fp32.returncode == 0 and amp.returncode == 0, fp32.stderr + amp.stderr
-    fp32, amp = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("fp32", "amp"))
-    assert fp32["epochs"][-1]["logits_dtype"] == "torch.float32"
-    assert amp["epochs"][-1]["logits_dtype"] == "torch.bfloat16"  # the forward really ran in bfloat16
-    assert amp["precision"] == "amp bfloat16" and amp["technique"] == "AMP"
-    assert abs(amp["test_acc"] - fp32["test_acc"]) <= 0.03
-    assert amp["test_acc"] > 0.65
-
-
 def test_amp_float16_on_cpu_says_it_runs_bfloat16_and_checkpoints_the_scaler(tmp_path):
     flags = [*QUICK, "--subset", "512", "--epochs", "1", "--checkpoint-dir", tmp_path, "--clip-grad-norm", "1.0"]
     proc = run("src/train_amp.py", *flags, "--amp-dtype", "float16", "--metrics-out", tmp_path / "m.json")
@@ -205,17 +191,6 @@ def test_amp_float16_gradscaler_scales_the_loss():
 
 
 # -- DataParallel -----------------------------------------------------------------------------------------------
-
-
-def test_dp_runs_on_cpu_says_so_and_its_checkpoint_loads_into_train_py(tmp_path):
-    flags = [*QUICK, "--subset", "1024", "--checkpoint-dir", tmp_path, "--epochs", "1"]
-    proc = run("src/train_DP.py", *flags, "--metrics-out", tmp_path / "m.json")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "DataParallel needs 2+ GPUs to split the batch, 0 visible" in proc.stdout
-    metrics = json.loads((tmp_path / "m.json").read_text())
-    assert metrics["technique"] == "DP" and metrics["gpus"] == 0 and metrics["world_size"] == 1
-    assert metrics["test_images"] == 10_000 and metrics["test_acc"] > 0.3
-    assert_loads_into_train_py(tmp_path / "last.pt")  # DataParallel's "module." prefix is not in it
 
 
 # -- On a GPU ---------------------------------------------------------------------------------------------------

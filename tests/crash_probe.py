@@ -1,0 +1,54 @@
+"""Run a training script inside this (torchrun) worker and kill a worker at chosen step boundaries, one per attempt:
+faults injected at known moments, so that a restart test does not depend on timing.
+
+    torchrun --max-restarts 3 ... tests/crash_probe.py ATTEMPT:WHEN:N:RANK[,...] -- src/train_DDP_elastic.py <flags>
+
+In torchrun's attempt ATTEMPT (TORCHELASTIC_RESTART_COUNT, 0 for the first), the worker with RANK=RANK dies: with
+WHEN `after-save`, right after its N-th common.save_checkpoint call of that attempt returns (between two steps, with
+that checkpoint on disk); with `in-evaluate`, as its N-th common.evaluate call starts (during the evaluation that
+follows an epoch's last step). It dies by SIGKILL, as a preempted or OOM-killed worker does: no cleanup, no exception.
+The script runs unchanged (runpy, as `__main__`); the two common functions are observed, not replaced.
+"""
+
+import os
+import runpy
+import signal
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+import common  # noqa: E402
+
+attempt, rank = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), os.environ["RANK"]
+plan = [spec.split(":") for spec in sys.argv[1].split(",")]
+when, n = next(((w, int(k)) for a, w, k, r in plan if a == attempt and r == rank), (None, 0))  # this worker's fault
+calls = {"after-save": 0, "in-evaluate": 0}
+
+
+def die() -> None:
+    sys.stdout.flush()
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def observed_save(*args, **kwargs):
+    result = save_checkpoint(*args, **kwargs)
+    calls["after-save"] += 1
+    if when == "after-save" and calls["after-save"] == n:
+        die()
+    return result
+
+
+def observed_evaluate(*args, **kwargs):
+    calls["in-evaluate"] += 1
+    if when == "in-evaluate" and calls["in-evaluate"] == n:
+        die()
+    return evaluate(*args, **kwargs)
+
+
+save_checkpoint, evaluate = common.save_checkpoint, common.evaluate
+common.save_checkpoint, common.evaluate = observed_save, observed_evaluate
+script = str(REPO / sys.argv[sys.argv.index("--") + 1])
+sys.argv = [script, *sys.argv[sys.argv.index("--") + 2 :]]
+runpy.run_path(script, run_name="__main__")

@@ -1,0 +1,397 @@
+"""Every variant trains what its base trains: each test runs a variant and its base (real scripts, real Fashion-MNIST,
+torchrun for the distributed ones) on the same samples and compares what the technique could break, within a
+tolerance written in the test and explained in its docstring.
+
+What is compared comes out of the scripts' own files: the checkpoint (`--checkpoint-dir`: the weights, and AdamW's
+first moment `exp_avg`, which after the first step is 0.1 x the gradient that step used) and the metrics JSON (the
+per-epoch losses, test loss and accuracy). Runs use `--workers 0` and one seed, so that a base run repeats bit for
+bit on a CPU (`--deterministic` where the lesson's contract names it); a difference is the technique's own. Where a
+tolerance is not 0 it is the floating-point cost of the technique (sums in another order, bfloat16 rounding),
+measured and given a margin, never a loose bound. The runs are small (16 steps at most) because what they compare
+does not need more: one step already shows a wrong gradient, a few a wrong order of samples or a wrong schedule.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import REPO, assert_loads_into_train_py, run
+from PIL import Image
+
+import common
+
+# Same seed, same order of samples (the DataLoader in the main process), same kernels from run to run on a CPU.
+SAME = ["--device", "cpu", "--workers", "0", "--seed", "0", "--warmup-steps", "0", "--log-every", "1000"]
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+# torchrun's agent keeps its TCP store across restarts unless told not to (see train_DDP_elastic.py's docstring).
+RESTARTABLE = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
+
+
+def train(out: Path, script: str, *flags, nproc: int | None = None, restarts: int = 0, probe=(), env=None) -> dict:
+    """Run `script` (under torchrun with `nproc` processes when given) with `flags`, its checkpoint in `out`; return
+    {"state": the checkpoint, "metrics": the metrics JSON, "stdout": what rank 0 printed, "checkpoint": its path}."""
+    argv = [*probe, script, *SAME, *flags, "--checkpoint-dir", out, "--metrics-out", out / "m.json"]
+    if nproc is None:
+        proc = run(*argv, env=env)
+    else:
+        launcher = [*TORCHRUN, "--nproc-per-node", str(nproc), "--max-restarts", str(restarts)]
+        proc = subprocess.run(
+            [*launcher, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
+        )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return {
+        "state": torch.load(out / "last.pt", weights_only=True),
+        "metrics": json.loads((out / "m.json").read_text()),
+        "stdout": proc.stdout,
+        "checkpoint": out / "last.pt",
+    }
+
+
+def weights(result: dict) -> dict[str, torch.Tensor]:
+    """The floating-point entries of the model's state dict (weights, biases, BatchNorm statistics)."""
+    return {k: v for k, v in result["state"]["model"].items() if v.is_floating_point()}
+
+
+def first_moments(result: dict) -> list[torch.Tensor]:
+    """AdamW's exp_avg for every parameter, in parameter order."""
+    return [s["exp_avg"] for s in result["state"]["optimizer"]["state"].values()]
+
+
+def relative_error(a, b) -> float:
+    """||a - b|| / ||b|| over all tensors of `a` and `b` together (two dicts with the same keys or two lists)."""
+    pairs = zip(a.values(), b.values(), strict=True) if isinstance(a, dict) else zip(a, b, strict=True)
+    diff = total = 0.0
+    for x, y in pairs:
+        diff += (x.double() - y.double()).pow(2).sum().item()
+        total += y.double().pow(2).sum().item()
+    return (diff / total) ** 0.5
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    assert a.keys() == b.keys()
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+def assert_resume_says_finished(result: dict, script: str, *flags, nproc: int | None = None) -> None:
+    """The end of a run is a step boundary too: `--resume` of the finished run `result` prints one line, exits 0
+    (train_DDP.py, train_accum.py and train_DDP_elastic.py used to end in a NameError there) and leaves the
+    checkpoint as it was."""
+    checkpoint, steps = result["checkpoint"], result["state"]["step"]
+    saved = checkpoint.read_bytes()
+    argv = [script, *SAME, *flags, "--checkpoint-dir", checkpoint.parent, "--resume"]
+    if nproc is None:
+        proc = run(*argv)
+    else:
+        proc = subprocess.run([*TORCHRUN, "--nproc-per-node", str(nproc), *map(str, argv)], cwd=REPO,
+                              capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"holds a finished run ({steps} of {steps} steps): nothing left to train" in proc.stdout
+    assert "Traceback" not in proc.stderr and checkpoint.read_bytes() == saved
+
+
+def losses(result: dict) -> list[float]:
+    """The per-step losses of the progress lines (run with --log-every 1)."""
+    return [float(loss) for loss in re.findall(r"step \d+/\d+ loss (\S+),", result["stdout"])]
+
+
+# -- The speed-up ladder and DataParallel: AMP, channels_last, torch.compile, everything stacked -------------------
+
+# The ladder's runs: the same 1,024 images in the same order, small CNN, batch 64 (16 steps), a peak learning rate of
+# 1e-3 (at the default 5e-3, reached at step 5 of a 16-step one-cycle schedule, the steps are so large that bfloat16's
+# rounding grows into a loss difference of 16 % within 16 steps; at 1e-3 it stays near 1 %, so rounding and a real
+# difference in what is trained can be told apart). The same shapes as the smoke profile's ladder rows, so that
+# torch.compile's cache serves both.
+LADDER = ["--model", "cnn", "--subset", "1024", "--batch-size", "64", "--epochs", "1", "--lr", "1e-3"]
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    """ladder(script, *flags): the run of `script` with LADDER + `flags`, made once per module and shared."""
+    out, done = tmp_path_factory.mktemp("ladder"), {}
+
+    def get(script: str, *flags: str) -> dict:
+        key = (script, *flags)
+        if key not in done:
+            done[key] = train(out / re.sub(r"[^A-Za-z0-9]+", "-", " ".join(key)), f"src/{script}", *LADDER, *flags)
+        return done[key]
+
+    return get
+
+
+def test_dp_on_one_device_trains_train_py_s_weights_bit_for_bit(ladder):
+    """train_DP.py vs train.py, the ladder's 16 steps (small CNN, with BatchNorm). Compared: every weight and BatchNorm
+    statistic after the 16 steps, and the test accuracy. Tolerance: none (bit for bit): with fewer than 2 GPUs
+    DataParallel calls the module itself, so the same kernels run on the same batches in the same order. (Over 2+
+    GPUs the replicas' gradients would be summed onto GPU 0 in another order: float32 reassociation, untested here.)
+    The finished base run, resumed, says so and exits 0."""
+    dp, base = ladder("train_DP.py", "--log-every", "1"), ladder("train.py", "--log-every", "1")
+    assert dp["state"]["step"] == base["state"]["step"] == 16
+    assert_identical(weights(dp), weights(base))
+    assert dp["metrics"]["test_acc"] == base["metrics"]["test_acc"]
+    assert "DataParallel needs 2+ GPUs to split the batch, 0 visible" in dp["stdout"]  # says what it runs as
+    assert dp["metrics"]["technique"] == "DP" and dp["metrics"]["gpus"] == 0 and dp["metrics"]["world_size"] == 1
+    assert_loads_into_train_py(dp["checkpoint"])  # DataParallel's "module." prefix is not in it
+    assert_resume_says_finished(base, "src/train.py", *LADDER, "--log-every", "1")
+
+
+def test_amp_bfloat16_follows_train_py_s_float32_loss_step_by_step(ladder):
+    """train_amp.py (bfloat16 autocast on CPU) vs train.py (float32), the ladder's 16 steps. Compared: the loss at
+    every step, and the test loss after them. Tolerance: 1e-3 relative at step 1 (the same weights: only the
+    forward's rounding differs; bfloat16 keeps 8 significant bits, 2^-9 = 0.2 % per value, and the loss averages 64
+    of them), then 3 % at every step: each step moves the weights by what slightly different gradients say, and the
+    runs part a little more with each (measured below). What it would catch: a forward that does not run in bfloat16
+    (the logits' dtype), or anything that changes what is trained (other samples, another schedule or optimizer
+    setting), which moves the loss by more than rounding does."""
+    amp, base = ladder("train_amp.py", "--log-every", "1"), ladder("train.py", "--log-every", "1")
+    assert amp["metrics"]["epochs"][-1]["logits_dtype"] == "torch.bfloat16"  # the forward really ran in bfloat16
+    assert amp["metrics"]["precision"] == "amp bfloat16" and amp["metrics"]["technique"] == "AMP"
+    a, b = losses(amp), losses(base)
+    assert len(a) == len(b) == 16
+    parted = [abs(x - y) / y for x, y in zip(a, b, strict=True)]
+    test_loss = abs(amp["metrics"]["epochs"][-1]["val_loss"] / base["metrics"]["epochs"][-1]["val_loss"] - 1)
+    print(f"AMP vs train.py: loss {parted[0]:.1e} relative at step 1, {max(parted):.1e} at worst over 16 steps, "
+          f"test loss {test_loss:.1e}")  # fmt: skip
+    assert parted[0] < 1e-3 and max(parted) < 0.03 and test_loss < 0.03
+
+
+def test_channels_last_computes_train_amp_s_gradients_within_bfloat16_s_own_rounding(ladder):
+    """train_channels_last.py vs its base train_amp.py (both bfloat16 autocast). Compared: the gradients of the first
+    step (AdamW's first moment after it: same weights, same batch), then the loss at each of the ladder's 16 steps.
+    Tolerance: NHWC kernels add and round in another order than NCHW ones, so in bfloat16 their gradients differ by
+    rounding; the yardstick is bfloat16's own rounding, measured here as train_amp.py's first-step gradients against
+    train.py's float32 ones (measured below): two bfloat16 computations that round independently differ by about
+    sqrt(2) times what each differs from float32, so channels_last must stay within 2 x that, and its loss within 3 %
+    at every step, as AMP's. A layout bug (a permute that swaps H and W, NHWC memory read as NCHW) changes the
+    gradients by 100 %."""
+    first = {s: ladder(s, "--max-steps", "1") for s in ("train_channels_last.py", "train_amp.py", "train.py")}
+    layout = relative_error(first_moments(first["train_channels_last.py"]), first_moments(first["train_amp.py"]))
+    rounding = relative_error(first_moments(first["train_amp.py"]), first_moments(first["train.py"]))
+    nhwc, nchw = ladder("train_channels_last.py", "--log-every", "1"), ladder("train_amp.py", "--log-every", "1")
+    parted = max(abs(x - y) / y for x, y in zip(losses(nhwc), losses(nchw), strict=True))
+    print(f"channels_last vs NCHW: gradients {layout:.1e} (bfloat16 vs float32: {rounding:.1e}), loss {parted:.1e}")
+    assert layout < 2 * rounding and parted < 0.03
+    assert nhwc["metrics"]["precision"] == "amp bfloat16 + channels_last"
+    weight = nhwc["state"]["model"]["4.weight"]  # the second convolution: NHWC in memory, as the lesson says
+    assert weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous()
+
+
+def test_compile_follows_the_eager_loss_step_by_step_and_saves_the_eager_keys(ladder):
+    """train_compile.py vs its base train_channels_last.py (eager), the ladder's 16 steps. Compared: the loss at every
+    step. Tolerance: 1e-3 relative at step 1 and 3 % after, as for AMP: Inductor's fused kernels keep intermediate
+    values in float32 where eager rounds each op's output to bfloat16, so the two differ by bfloat16 rounding (measured
+    below). Also: the compile is kept out of images/s (it is the first, warm-up step) and the checkpoint holds the
+    eager module's keys, so train.py loads it."""
+    compiled = ladder("train_compile.py", "--log-every", "1", "--warmup-steps", "3", "--target-acc", "0.2")
+    eager = ladder("train_channels_last.py", "--log-every", "1")
+    a, b = losses(compiled), losses(eager)
+    assert len(a) == len(b) == 16
+    parted = [abs(x - y) / y for x, y in zip(a, b, strict=True)]
+    print(f"compile vs eager: loss {parted[0]:.1e} relative at step 1, {max(parted):.1e} at worst over 16 steps")
+    assert parted[0] < 1e-3 and max(parted) < 0.03
+    metrics = compiled["metrics"]
+    assert metrics["compile_s"] > 0 and metrics["compile_s"] == metrics["first_step_s"]
+    assert metrics["measured_steps"] == 16 - 3 and metrics["images_per_s"] > 0  # the compile is a warm-up step
+    assert metrics["compile_s"] > metrics["step_ms_p50"] / 1e3  # the first step also traces, compiles (or loads)
+    reached = metrics["time_to_target_incl_compile_s"]
+    assert reached == pytest.approx(metrics["time_to_target_s"] + metrics["compile_s"])
+    assert_loads_into_train_py(compiled["checkpoint"])  # the eager module was saved: no "_orig_mod." prefix
+
+
+def test_fast_without_fused_adamw_is_train_compile_bit_for_bit_and_with_it_one_rounding_away(ladder):
+    """train_fast.py vs its base train_compile.py. On a CPU two of the rung's changes do nothing (cuDNN autotuning,
+    TF32), and its Fashion-MNIST batches are cut from memory held on the device in the order of a DataLoader over the
+    indices with the base's generator. Compared: every weight after the ladder's 16 steps with --without fused-adamw,
+    bit for bit (the same batches, unaugmented, the same compiled kernels, the same optimizer: this proves the input
+    is the base's); and with fused AdamW, every weight and first moment after one step, within 1e-6 relative: the
+    same gradients, and one kernel that applies AdamW's formula in another order of float32 operations (measured
+    below; over 16 steps that one-ulp difference is carried through bfloat16 forward passes and grows to ~1e-5, as any
+    perturbation would). Augmenting only here (the flip this rung once had) or another shuffle moves the weights by
+    percents."""
+    base = ladder("train_compile.py", "--log-every", "1", "--warmup-steps", "3", "--target-acc", "0.2")
+    unfused = ladder("train_fast.py", "--log-every", "1", "--without", "fused-adamw")
+    assert_identical(weights(unfused), weights(base))
+    fast, compiled = ladder("train_fast.py", "--max-steps", "1"), ladder("train_compile.py", "--max-steps", "1")
+    step = relative_error(weights(fast), weights(compiled))
+    grads = relative_error(first_moments(fast), first_moments(compiled))
+    print(f"train_fast.py vs train_compile.py, one step: weights {step:.1e}, first moments {grads:.1e} (fused AdamW)")
+    assert step < 1e-6 and grads < 1e-6
+    assert "train_fast.py: no GPU:" in fast["stdout"]  # says what it cannot do here
+    assert fast["metrics"]["without"] == [] and unfused["metrics"]["without"] == ["fused-adamw"]
+    assert fast["state"]["optimizer"]["param_groups"][0]["fused"] is True  # the fused kernel really ran
+    assert not unfused["state"]["optimizer"]["param_groups"][0]["fused"]
+    assert unfused["metrics"]["data_wait_frac"] < 0.05  # no DataLoader: batches are cut from memory
+    assert fast["metrics"]["technique"] == "everything stacked" and fast["metrics"]["compile_s"] > 0
+
+
+# -- DistributedDataParallel and gradient accumulation ------------------------------------------------------------
+
+
+def test_ddp_two_ranks_of_128_take_the_steps_of_train_py_with_256(tmp_path):
+    """train_DDP.py on 2 gloo ranks x batch 128 vs train.py with batch 256, on the same 256 images (--subset 256: one
+    step an epoch, 2 epochs), MLP (no BatchNorm: a gradient over 256 images is then exactly the mean of the two
+    ranks' gradients over 128). Compared: AdamW's first moments (the gradients) and every weight after the 2 steps.
+    Tolerance: 1e-5 relative (L2 over all tensors): DDP averages two float32 means of 128 where train.py takes one
+    mean of 256, a reassociation worth a few float32 ulps (measured below); a wrong reduction (a sum instead of a
+    mean, one rank's gradient alone) is off by 50 % or more. The finished run, resumed, says so and exits 0."""
+    flags = ["--model", "mlp", "--subset", "256", "--epochs", "2"]
+    ddp = train(tmp_path / "ddp", "src/train_DDP.py", *flags, "--batch-size", "128", nproc=2)
+    base = train(tmp_path / "base", "src/train.py", *flags, "--batch-size", "256")
+    assert ddp["state"]["step"] == base["state"]["step"] == 2 and ddp["metrics"]["global_batch"] == 256
+    grads = relative_error(first_moments(ddp), first_moments(base))
+    weights_error = relative_error(weights(ddp), weights(base))
+    print(f"DDP vs train.py: gradients {grads:.1e}, weights {weights_error:.1e} relative")
+    assert grads < 1e-5 and weights_error < 1e-5
+    assert_resume_says_finished(ddp, "src/train_DDP.py", *flags, "--batch-size", "128", nproc=2)
+
+
+def test_accum_four_micro_batches_of_32_take_the_steps_of_ddp_with_128_over_epochs_not_a_multiple_of_4(tmp_path):
+    """train_accum.py --batch-size 32 --accum-steps 4 vs its base train_DDP.py --batch-size 128, both on 2 gloo ranks,
+    MLP, 1,000 images: each rank's shard of 500 is 15 micro-batches of 32 (3 groups of 4 and 3 left over) or 3
+    batches of 128, so both train on the same 384 samples per rank and epoch, in the same sampler order; 2 epochs,
+    6 optimizer steps. Compared: every weight and AdamW's first moments after the 6 steps, with no_sync (one
+    all-reduce per step) and with --all-reduce-every-micro-batch (4). Tolerance: 1e-5 relative: the 4 partial
+    gradients are summed in another order (float32 reassociation, measured below); the left-over micro-batches are
+    dropped, so a step that applied 4 + 3 of them (the bug this test was written for) is off by 14 %. The finished
+    run, resumed, says so and exits 0."""
+    flags = ["--model", "mlp", "--subset", "1000", "--epochs", "2"]
+    base = train(tmp_path / "base", "src/train_DDP.py", *flags, "--batch-size", "128", nproc=2)
+    for name, extra, allreduces in (("no_sync", [], 1.0), ("every", ["--all-reduce-every-micro-batch"], 4.0)):
+        accum = train(tmp_path / name, "src/train_accum.py", *flags, "--batch-size", "32", "--accum-steps", "4",
+                      *extra, nproc=2)  # fmt: skip
+        assert accum["state"]["step"] == base["state"]["step"] == 6
+        assert accum["metrics"]["global_batch"] == base["metrics"]["global_batch"] == 256
+        assert accum["metrics"]["allreduces_per_step"] == allreduces  # one gradient bucket, per step or per micro
+        grads = relative_error(first_moments(accum), first_moments(base))
+        weights_error = relative_error(weights(accum), weights(base))
+        print(f"accumulation ({name}) vs DDP: gradients {grads:.1e}, weights {weights_error:.1e} relative")
+        assert grads < 1e-5 and weights_error < 1e-5
+        train_loss = [e["train_loss"] for e in accum["metrics"]["epochs"]]
+        assert train_loss == pytest.approx([e["train_loss"] for e in base["metrics"]["epochs"]], rel=1e-5)
+    assert_resume_says_finished(accum, "src/train_accum.py", *flags, "--batch-size", "32", "--accum-steps", "4",
+                                "--all-reduce-every-micro-batch", nproc=2)  # fmt: skip
+
+
+# -- Model parallelism --------------------------------------------------------------------------------------------
+
+
+def test_model_parallel_pipeline_computes_the_unsplit_model_s_logits_and_gradients(tmp_path):
+    """train_model_parallel.py (two stages, 4 micro-batches, both on the CPU here) vs train.py, MLP (no BatchNorm, so
+    micro-batches change no statistics), the same 512 images in the same order, batch 64, 8 steps. Compared: AdamW's
+    first moments (a running mean of the gradients, so a gradient of the wrong scale shows, which AdamW's weights
+    would hide), every weight, and the test loss: 10,000 test images through the pipeline against the same images
+    through train.py's model, i.e. the logits. Tolerance: 1e-5 relative: the pipeline adds the 4 micro-batches'
+    gradients into .grad one after another where train.py computes one sum (float32 reassociation, measured below);
+    a stage that drops or repeats a micro-batch, or concatenates their outputs out of order, is off by percents."""
+    flags = ["--model", "mlp", "--subset", "512", "--batch-size", "64", "--epochs", "1"]
+    mp = train(tmp_path / "mp", "src/train_model_parallel.py", *flags, "--micro-batches", "4")
+    base = train(tmp_path / "base", "src/train.py", *flags)
+    grads = relative_error(first_moments(mp), first_moments(base))
+    weights_error = relative_error(weights(mp), weights(base))
+    logits = abs(mp["metrics"]["epochs"][-1]["val_loss"] / base["metrics"]["epochs"][-1]["val_loss"] - 1)
+    print(f"pipeline vs unsplit: gradients {grads:.1e}, weights {weights_error:.1e}, test loss {logits:.1e}")
+    assert grads < 1e-5 and weights_error < 1e-5 and logits < 1e-5
+    assert mp["metrics"]["stage_params"] == [200_960, 2_570]  # Linear(784, 256) | Linear(256, 10): the only cut
+    assert mp["metrics"]["test_acc"] == pytest.approx(base["metrics"]["test_acc"], abs=1e-4)
+    assert "model parallelism needs 2 GPUs, 0 visible: both stages on cpu" in mp["stdout"]  # says what it runs as
+    assert mp["metrics"]["stages"] == ["cpu", "cpu"] and mp["metrics"]["micro_batches"] == 4
+    assert_loads_into_train_py(mp["checkpoint"])  # the stages share the model's layers and keys
+
+
+@pytest.mark.parametrize("balance", ["params", "flops"])
+def test_model_parallel_cuts_resnet18_between_blocks_where_the_stages_are_most_even(balance, tmp_path):
+    """The cut of ResNet-18 (32 px synthetic images: what is measured is the cut, not learning): between residual
+    blocks, where the stages' parameters (--balance params) or forward FLOPs (--balance flops) are most even. The two
+    stages hold the whole model, and each at least a third of what is balanced (the cut it replaced, at half the
+    running parameter count over the top-level children, gave the last stage 5,130 of 11.2 M parameters)."""
+    result = train(tmp_path, "src/train_model_parallel.py", "--model", "resnet18", "--dataset", "synthetic",
+                   "--image-size", "32", "--subset", "64", "--batch-size", "32", "--max-steps", "1",
+                   "--micro-batches", "2", "--balance", balance)  # fmt: skip
+    metrics, model = result["metrics"], common.build_model("resnet18", 3, 32)
+    assert sum(metrics["stage_params"]) == sum(p.numel() for p in model.parameters())
+    share = metrics["stage_params"] if balance == "params" else metrics["stage_gflops"]
+    assert min(share) / sum(share) > 1 / 3, share
+    assert f"(--balance {balance})" in result["stdout"]
+
+
+# -- Restarts: train_DDP_elastic.py under torchrun --max-restarts ---------------------------------------------------
+
+# 2 gloo ranks x batch 64 on 1,024 images: 8 steps an epoch, 2 epochs; a checkpoint every 4 steps.
+ELASTIC = ["src/train_DDP_elastic.py", "--model", "cnn", "--subset", "1024", "--batch-size", "64", "--epochs", "2",
+           "--deterministic", "--checkpoint-every", "4"]  # fmt: skip
+
+
+def test_restarts_at_every_step_boundary_end_with_the_uninterrupted_run_s_weights(tmp_path):
+    """train_DDP_elastic.py on 2 gloo ranks under `torchrun --max-restarts 4`, a worker SIGKILLed (tests/crash_probe.py)
+    at a different step boundary in each of the first four attempts: right after the mid-epoch checkpoint of step 4;
+    as the evaluation after epoch 1's last step starts, its step-8 checkpoint written (the restart has no step left to
+    run before that evaluation); right after the end-of-epoch-1 checkpoint; as the run's last evaluation starts (the
+    restart must not take the run for finished: it goes back to step 12). Then the run ends; --resume of the finished
+    run says so and exits 0. Compared with its base train_DDP.py, uninterrupted, on the same flags: every weight and
+    BatchNorm statistic, and every epoch's record (train loss, test loss and accuracy). Tolerance: none (bit for bit):
+    with --deterministic each restart loads the exact state, the schedule continues at its step and the sampler starts
+    after the samples the epoch had done, so every later step computes what the uninterrupted run computed, and
+    checkpoints change nothing of what the base computes."""
+    uninterrupted = train(tmp_path / "base", "src/train_DDP.py", *ELASTIC[1:-2], nproc=2)  # no --checkpoint-every
+    crashes = "0:after-save:1:0,1:in-evaluate:1:1,2:after-save:1:0,3:in-evaluate:1:1"  # attempt:when:n-th call:rank
+    probe = ("tests/crash_probe.py", crashes, "--")
+    restarted = train(tmp_path / "restarted", *ELASTIC, "--resume", nproc=2, restarts=4, probe=probe, env=RESTARTABLE)
+    resumed = re.findall(r"resumed from .*last\.pt: (\d+ epochs and \d+ steps) done", restarted["stdout"])
+    expected = ["0 epochs and 4 steps", "0 epochs and 8 steps", "1 epochs and 8 steps", "1 epochs and 12 steps"]
+    assert resumed == expected, restarted["stdout"]
+    fields = ["epoch", "step", "train_loss", "val_loss", "val_acc"]
+    assert restarted["state"]["step"] == uninterrupted["state"]["step"] == 16
+    assert_identical(weights(restarted), weights(uninterrupted))
+    records = [[e[f] for f in fields] for e in restarted["metrics"]["epochs"]]
+    assert records == [[e[f] for f in fields] for e in uninterrupted["metrics"]["epochs"]]
+    assert_resume_says_finished(restarted, *ELASTIC, nproc=2)
+
+
+# -- The input pipelines: loader.py and loader_DALI.py --------------------------------------------------------------
+
+FILES = 8192  # 8 x the 1,024-file buffer that DALI's random_shuffle=True draws from (fn.readers.file's initial_fill)
+
+
+@pytest.fixture(scope="module")
+def one_file_per_class(tmp_path_factory):
+    """An ImageFolder of 8,192 classes with one 8x8 JPEG each (train/ and val/): a file's label names it."""
+    root = tmp_path_factory.mktemp("files")
+    for split in ("train", "val"):
+        for k in range(FILES):
+            (root / split / f"{k:04d}").mkdir(parents=True)
+            Image.new("RGB", (8, 8), (k % 256, k // 256, 0)).save(root / split / f"{k:04d}" / "a.jpg")
+    return root
+
+
+def position_correlation(first: list[int], second: list[int]) -> float:
+    """Pearson correlation between each file's position in one epoch and in the next: 0 +- 1/sqrt(n) for two
+    independent permutations, near 1 when the second epoch keeps the first one's order."""
+    where = torch.empty(2, len(first), dtype=torch.float64)
+    where[0, first] = where[1, second] = torch.arange(len(first), dtype=torch.float64)
+    return torch.corrcoef(where)[0, 1].item()
+
+
+@pytest.mark.parametrize("script", ["src/loader.py", "src/loader_DALI.py"])
+def test_every_epoch_is_a_fresh_permutation_of_all_the_files(script, one_file_per_class, tmp_path):
+    """loader_DALI.py vs its base loader.py (DataLoader, shuffle=True): how the files are drawn. Compared: the order
+    in which two consecutive epochs deliver 8,192 files (one per class, so a label names a file; batch 64, nothing
+    dropped). Each epoch must be a permutation of all the files, and the next epoch an independent one: the
+    correlation between a file's positions in the two epochs is 0 +- 0.011 for independent permutations; below 0.1 is
+    required. DALI's random_shuffle=True (what loader_DALI.py used before) shuffles the file list once and then draws
+    from a 1,024-file buffer moving along it, so every epoch keeps nearly the same order (measured: 0.85); with
+    shuffle_after_epoch=True the whole list is shuffled anew every epoch, as the DataLoader does."""
+    out = tmp_path / "order.pt"
+    proc = run("tests/order_probe.py", out, script, "--", "--device", "cpu", "--data-dir", one_file_per_class,
+               "--image-size", "8", "--batch-size", "64", "--epochs", "2", "--loader-only", "--workers", "1",
+               "--warmup-steps", "0", "--log-every", "1000")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    first, second = torch.load(out)
+    assert sorted(first) == sorted(second) == list(range(FILES))
+    correlation = position_correlation(first, second)
+    print(f"{script}: correlation of the files' positions in two consecutive epochs {correlation:.3f}")
+    assert abs(correlation) < 0.1
