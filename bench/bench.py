@@ -21,6 +21,7 @@ speed-ups.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -281,6 +282,30 @@ os.execvp(sys.argv[2], sys.argv[2:])
 """
 
 
+GRACE_S = 45  # how long a run has to end on SIGTERM before SIGKILL: torchrun gives its workers 30 s (its own grace)
+
+
+def end_run(process: subprocess.Popen) -> None:
+    """End a run started in its own session, and reap it. SIGTERM goes to its whole process group first: a script
+    and its DataLoader workers exit, and torchrun, whose workers run in sessions of their own that a group kill does
+    not reach, stops them before it exits. Whatever is still there after GRACE_S gets SIGKILL. A run that already
+    exited: only its group's leftovers (none, normally) are killed."""
+    for signum, wait_s in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, None)):
+        try:
+            os.killpg(process.pid, signum)
+        except ProcessLookupError:  # the group is gone: nothing left to end
+            break
+        try:
+            process.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        if signum == signal.SIGTERM:  # the leader exited; a member that ignored SIGTERM must not outlive it
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+        break
+    process.wait()
+
+
 def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Stop) -> dict:
     """Run `run` once as a subprocess with its timeout; return its row for runs.csv.
 
@@ -314,10 +339,8 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
                         rc = process.wait(timeout=POLL_S)
                     except subprocess.TimeoutExpired:
                         pass
-            finally:  # timed out, stopped, or an error in this loop: the whole group goes, then it is reaped
-                if process.poll() is None:
-                    os.killpg(process.pid, signal.SIGKILL)
-                    process.wait()
+            finally:  # timed out, stopped, or an error in this loop: the whole run goes, then it is reaped
+                end_run(process)
     row["wall_s"] = time.perf_counter() - started
     text = log.read_text(errors="replace")
     if stop.signal is not None and rc is None:

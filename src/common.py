@@ -936,15 +936,22 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
 # Checkpoints
 
 
-CHECKPOINT_FORMAT = 2  # 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders
-# What a checkpoint must share with the run that resumes it; anything else (epochs, lr, workers...) may change.
+# 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders; 3: + subset, seed,
+# accumulation steps in made_by
+CHECKPOINT_FORMAT = 3
+# What a checkpoint must share with the run that resumes it: what fixes the model, the optimizer, and which samples an
+# epoch's steps take in which order (a mid-epoch resume skips the done steps' samples, so --subset, --seed and
+# --accum-steps must not change); anything else (epochs, max steps, lr, workers...) may change.
 CHECKPOINT_MATCH = {
     "script": "script",
     "model": "model",
     "dataset": "dataset",
     "image_size": "image size",
+    "subset": "subset",
+    "seed": "seed",
     "world_size": "world size",
     "batch_size": "batch per process",
+    "accum_steps": "accumulation steps",
     "optimizer": "optimizer",
     "state": "extra state",
 }
@@ -952,17 +959,21 @@ CHECKPOINT_MATCH = {
 
 def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer | None, **holders) -> dict:
     """What a checkpoint of this run says made it (`made_by`), keyed like CHECKPOINT_MATCH: the script's file name,
-    --model, --dataset (a loader's --data-dir folder name), --image-size, the world size (torch.distributed's, else
-    1), --batch-size (per process), the optimizer's class, and `state`: the names of the `holders` (GradScaler...)
-    whose state_dict is not empty (a disabled GradScaler has none). Plus the torch version, for the record."""
+    --model, --dataset (a loader's --data-dir folder name), --image-size, --subset, --seed, the world size
+    (torch.distributed's, else 1), --batch-size (per process), --accum-steps (None where the script has no such flag),
+    the optimizer's class, and `state`: the names of the `holders` (GradScaler...) whose state_dict is not empty (a
+    disabled GradScaler has none). Plus the torch version, for the record."""
     dataset = getattr(args, "dataset", None) or Path(getattr(args, "data_dir", "")).resolve().name
     return {
         "script": Path(sys.argv[0]).name,
         "model": args.model,
         "dataset": dataset,
         "image_size": getattr(args, "image_size", None),
+        "subset": getattr(args, "subset", None),
+        "seed": args.seed,
         "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
         "batch_size": args.batch_size,
+        "accum_steps": getattr(args, "accum_steps", None),
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "state": sorted(name for name, holder in holders.items() if holder.state_dict()),
         "torch": str(torch.__version__),
@@ -1032,8 +1043,9 @@ def load_checkpoint(
     the whole dict (epoch, step, plain extras).
 
     Checks before loading anything: the format version, then that the file was made by a run like this one (every
-    CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, world size, batch per process, optimizer
-    and extra state), so a resume never trains from a partially loaded or silently different state. Exits with one
+    CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed, world size, batch per
+    process, accumulation steps, optimizer and extra state), so a resume never trains from a partially loaded or
+    silently different state, nor skips other samples than the ones its epoch already trained on. Exits with one
     line (exit 2) that names the file, what it was saved from and what this run asked for, or why it is unreadable
     (not a checkpoint, truncated, or a pickle with code in it: loaded with weights_only=True).
     """
@@ -1072,9 +1084,9 @@ def load_checkpoint(
 
 def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool = True) -> None:
     """After `--resume`: if the checkpoint's global `step` already reaches this run's `total_steps`, the run is
-    finished. Say so in one line (rank 0 only when `master` is False elsewhere), leave the process group (under
-    torchrun every rank calls this and exits together) and exit with status 0, so that re-running a finished job,
-    e.g. a requeued one, is harmless. Otherwise return."""
+    finished: the process whose `master` is True says so in one line (under torchrun every rank calls this, and only
+    rank 0 passes True), every process leaves its process group and exits with status 0, so that re-running a
+    finished job, e.g. a requeued one, is harmless. Otherwise it returns. Raises SystemExit(0) when finished."""
     if step < total_steps:
         return
     if master:

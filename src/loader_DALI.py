@@ -10,8 +10,10 @@ runs in its CPU-only mode (device_id=None, `cpu` operators): the nearest honest 
 one line. Under torchrun (RANK, WORLD_SIZE) with --loader-only, `fn.readers.file` reads shard RANK of WORLD_SIZE, so
 ranks see disjoint files; images/s and the label counts are summed over ranks and rank 0 writes the metrics.
 Shuffling: `shuffle_after_epoch=True` makes every epoch a fresh permutation of all the files, as DataLoader's
-shuffle=True does (sharded, each rank takes its part of the same permutation, so shards stay disjoint); its
-permutations come from DALI's fixed seed, so they are the same in every run whatever --seed says. Pitfall:
+shuffle=True does (sharded, each rank takes its part of the same permutation, so shards stay disjoint), and
+`pad_last_batch=True` ends each epoch at the end of the shard: without it the files left over after the last full
+batch start the next epoch, whose batches then mix two permutations (a file twice in one epoch). The permutations come
+from DALI's fixed seed, so they are the same in every run whatever --seed says. Pitfall:
 `random_shuffle=True` shuffles the file list once and then draws from a 1,024-file buffer moving along it, so every
 epoch keeps nearly the order of the one before (over 8,192 files, a file's positions in two consecutive epochs
 correlate at 0.85, measured with tests/test_equivalence.py's order check run against random_shuffle=True; 0.009 with
@@ -74,7 +76,12 @@ train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_siz
 @pipeline_def(batch_size=args.batch_size, num_threads=threads, device_id=device.index or 0 if gpu else None)
 def image_pipeline(root, training):
     files, labels = fn.readers.file(  # shuffle_after_epoch: each epoch a new permutation of all files, as shuffle=True
-        file_root=root, shard_id=rank, num_shards=world_size, shuffle_after_epoch=training, name="Reader"
+        file_root=root,
+        shard_id=rank,
+        num_shards=world_size,
+        shuffle_after_epoch=training,
+        pad_last_batch=True,  # an epoch ends at its shard's end: the files of a partial batch never start the next
+        name="Reader",
     )
     decoder = "mixed" if gpu else "cpu"  # mixed: Huffman decoding on the CPU, the rest on the GPU (nvJPEG)
     if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it

@@ -10,10 +10,11 @@ where it stopped instead of from step 0: rank 0 saves last.pt every --checkpoint
 epoch; with --resume every rank loads it, the one-cycle schedule continues at that step, sampler.set_epoch gives the
 epoch's shuffle again, and the sampler starts after the samples the epoch already trained on (indices skipped: no
 batch is loaded twice), so the restarted job sees the same data in the same order and, with --deterministic, ends
-with the uninterrupted run's weights bit for bit (tests/test_equivalence.py restarts at every step boundary). At most
---checkpoint-every steps are repeated; a finished run resumed again says so and exits 0. What it does not do: an
-*elastic* membership change (`--nnodes MIN:MAX`, a group that shrinks or grows) changes the world size, and with it
-every epoch's shards and steps, so --resume refuses a checkpoint from another world size in one line (exit 2).
+with the uninterrupted run's weights bit for bit (tests/test_equivalence.py restarts it at each kind of step
+boundary: mid-epoch, an epoch's last step, an epoch's end, the run's end). At most --checkpoint-every steps are
+repeated; a finished run resumed again says so and exits 0. What it does not do: an *elastic* membership change
+(`--nnodes MIN:MAX`, a group that shrinks or grows) changes the world size, and with it every epoch's shards and
+steps, so --resume refuses a checkpoint from another world size in one line (exit 2).
 torchdata's StatefulDataLoader does the same mid-epoch bookkeeping for any sampler; the sampler below shows what it is.
 Synthetic data has no sampler to skip with: there the loop stops after the epoch's remaining steps (itertools.islice).
 TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun's agent shares one TCP store with its workers and keeps it across

@@ -7,7 +7,8 @@ left between the GPU and its peak, and trains the same model on the same data as
 - input (`--without device-data` puts the base's DataLoader back): Fashion-MNIST (219 MB as normalised float32) is
   held on the device whole;
   a DataLoader over the indices alone (the base's shuffle and generator, so with --workers 0 the very batches the base
-  trains on, unaugmented like the base's) picks each batch, and only those int64 indices cross to the GPU, from
+  trains on, unaugmented like the base's; with persistent workers the base draws one seed of the generator less per
+  epoch, so from epoch 2 on its order differs) picks each batch, and only those int64 indices cross to the GPU, from
   pinned memory; JPEG files (`--dataset imagefolder --data-dir ROOT`, an ImageFolder with train/ and val/; the base
   has no such input, so compare with loader.py / loader_DALI.py) go through loader_DALI.py's graph, `mixed` decoding
   on the GPU, `crop_mirror_normalize` writing float16 NHWC, which a permute turns into the channels_last batch the
@@ -136,10 +137,11 @@ elif args.dataset == "imagefolder":
 
     @pipeline_def(batch_size=args.batch_size, num_threads=threads, device_id=device.index or 0 if gpu else None)
     def jpeg_pipeline(root, training):
-        files, labels = fn.readers.file(
+        files, labels = fn.readers.file(  # a new permutation of all files every epoch, as shuffle=True
             file_root=root,
             shuffle_after_epoch=training,
-            name="Reader",  # a new permutation of all files every epoch
+            pad_last_batch=True,  # an epoch ends at the last file: a partial batch's files never start the next
+            name="Reader",
         )
         decoder = "mixed" if gpu else "cpu"  # mixed: Huffman decoding on the CPU, the rest on the GPU (nvJPEG)
         if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
@@ -234,10 +236,10 @@ criterion = nn.CrossEntropyLoss()
 fused = "fused-adamw" not in args.without  # new #
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=fused)  # new # one kernel
 scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
-# new # begin: GradScaler skips the steps whose float16 gradients overflowed (a few at the start, while it calibrates);
-# the schedule still advances every iteration, as in train.py: knowing whether a step was skipped would cost a host
-# sync per step (scaler.get_scale()). torch warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`"
-# about exactly that, so the warning is expected here and silenced.
+# new # begin: GradScaler skips a step whose float16 gradients overflowed, often the first one (its initial scale,
+# 2^16, is calibrated down over the first steps); the schedule still advances every iteration, as in train.py and
+# PyTorch's AMP recipe: a few skipped steps out of thousands shift it by nothing that matters. torch looks only at the
+# first iteration and warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`": expected, so silenced.
 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
 # new # end
 total_steps = args.epochs * len(train_loader)

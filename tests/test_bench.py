@@ -226,3 +226,27 @@ def test_a_killed_runner_takes_its_running_run_with_it(tmp_path):
     while _alive(marker):  # the kernel's SIGTERM, then the process's exit: allow for a busy machine
         assert time.monotonic() < deadline, "the run outlived its killed runner"
         time.sleep(0.2)
+
+
+def test_a_stopped_torchrun_run_takes_its_workers_with_it(tmp_path):
+    """The same with a torchrun run of 2 workers, stopped (SIGINT to the runner) once it trains. torchrun starts each
+    worker in a session of its own, which a kill of the run's process group does not reach: the runner sends the
+    group SIGTERM first, which torchrun passes on to its workers before it exits. No worker may be left."""
+    run_ = {"name": "ddp", "script": "src/train_DDP.py", "launcher": "torchrun", "nproc": 2, "timeout_s": 300,
+            "args": ["--device", "cpu", "--epochs", "50", "--workers", "0"]}  # fmt: skip
+    log, metrics = bench.run_paths(run_, 1, tmp_path)
+    me = os.getpid()
+
+    def signal_once_training():
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and not (log.exists() and "training cnn" in log.read_text()):
+            time.sleep(0.1)
+        assert _alive(str(metrics))  # the workers carry the metrics path on their command line
+        os.kill(me, signal.SIGINT)
+
+    threading.Thread(target=signal_once_training, daemon=True).start()
+    with bench.Stop() as stop:
+        row = bench.execute(run_, 1, tmp_path, sys.executable, 0, stop)
+    assert row["status"] == "interrupted", row
+    assert "training cnn" in log.read_text()
+    assert not _alive(str(metrics)), "a torchrun worker outlived its stopped run"

@@ -127,7 +127,7 @@ def test_meter_leaves_warmup_and_evaluation_out():
 
 def _args(**flags):
     return argparse.Namespace(
-        **{"model": "mlp", "dataset": "fashion-mnist", "image_size": None, "batch_size": 64, **flags}
+        **{"model": "mlp", "dataset": "fashion-mnist", "image_size": None, "seed": 0, "batch_size": 64, **flags}
     )
 
 

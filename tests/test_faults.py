@@ -205,17 +205,17 @@ CHECKPOINTS = {  # name: (how the checkpoint is damaged, script, extra flags, fr
     "not a checkpoint": (lambda raw: b"not a checkpoint at all", "src/train.py", [], "is not a readable checkpoint"),
     "truncated": (lambda raw: raw[: len(raw) // 2], "src/train.py", [], "is not a readable checkpoint"),
     "a pickle with code": (
-        lambda raw: _saved_bytes({"format": 2, "made_by": {}, "hook": CODE}),
+        lambda raw: _saved_bytes({"format": common.CHECKPOINT_FORMAT, "made_by": {}, "hook": CODE}),
         "src/train.py", [], "is not a readable checkpoint (Weights only load failed",
     ),
     "an older format": (
         _old_format, "src/train.py", [],
-        "has checkpoint format none, this code reads format 2",
+        "has checkpoint format none, this code reads format 3",
     ),
     "another script": (lambda raw: raw, "src/train_amp.py", [], "script train.py there, train_amp.py here"),
-    "another model and batch": (
-        lambda raw: raw, "src/train.py", ["--model", "mlp", "--batch-size", "64"],
-        "model cnn there, mlp here; batch per process 128 there, 64 here",
+    "another model, seed and batch": (  # another seed: a mid-epoch resume would skip other samples than it trained on
+        lambda raw: raw, "src/train.py", ["--model", "mlp", "--batch-size", "64", "--seed", "1"],
+        "model cnn there, mlp here; seed 0 there, 1 here; batch per process 128 there, 64 here",
     ),
 }  # fmt: skip
 
