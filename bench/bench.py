@@ -282,27 +282,35 @@ os.execvp(sys.argv[2], sys.argv[2:])
 """
 
 
-GRACE_S = 45  # how long a run has to end on SIGTERM before SIGKILL: torchrun gives its workers 30 s (its own grace)
+# How long a run has to end on SIGTERM before SIGKILL: torchrun gives its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+# (default 30 s) between its own SIGTERM and SIGKILL, plus a margin for its own exit.
+GRACE_S = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")) + 15
+
+
+def exited(process: subprocess.Popen, timeout_s: float = 0.0) -> bool:
+    """Whether the run's first process (its group's leader) has exited, waiting up to `timeout_s` seconds for it.
+    The exit is seen without reaping the process (waitid WNOWAIT): while it is not reaped its process-group id cannot
+    be given to another process, so the group can still be signalled safely."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
 
 
 def end_run(process: subprocess.Popen) -> None:
-    """End a run started in its own session, and reap it. SIGTERM goes to its whole process group first: a script
-    and its DataLoader workers exit, and torchrun, whose workers run in sessions of their own that a group kill does
-    not reach, stops them before it exits. Whatever is still there after GRACE_S gets SIGKILL. A run that already
-    exited: only its group's leftovers (none, normally) are killed."""
-    for signum, wait_s in ((signal.SIGTERM, GRACE_S), (signal.SIGKILL, None)):
-        try:
-            os.killpg(process.pid, signum)
-        except ProcessLookupError:  # the group is gone: nothing left to end
-            break
-        try:
-            process.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            continue
-        if signum == signal.SIGTERM:  # the leader exited; a member that ignored SIGTERM must not outlive it
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
-        break
+    """End a run started in a session of its own, then reap it. If its first process still runs, SIGTERM goes to
+    its whole process group: a script and its DataLoader workers exit, and torchrun, whose workers run in sessions
+    of their own that a group signal does not reach, stops them before it exits; if it is still running after
+    GRACE_S, SIGKILL. Then SIGKILL to whatever is left in the group (nothing, normally), before the first process is
+    reaped, so the group id cannot have been reused meanwhile."""
+    if not exited(process):
+        os.killpg(process.pid, signal.SIGTERM)
+        exited(process, GRACE_S)
+    with contextlib.suppress(ProcessLookupError):  # the group is empty once its members have exited
+        os.killpg(process.pid, signal.SIGKILL)
     process.wait()
 
 
@@ -334,13 +342,12 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
             )
             try:
                 deadline = time.monotonic() + run["timeout_s"]
-                while rc is None and stop.signal is None and time.monotonic() < deadline:
-                    try:
-                        rc = process.wait(timeout=POLL_S)
-                    except subprocess.TimeoutExpired:
-                        pass
+                while stop.signal is None and time.monotonic() < deadline and not exited(process, POLL_S):
+                    pass
+                finished = exited(process)  # on its own, before any signal of ours
             finally:  # timed out, stopped, or an error in this loop: the whole run goes, then it is reaped
                 end_run(process)
+            rc = process.returncode if finished else None
     row["wall_s"] = time.perf_counter() - started
     text = log.read_text(errors="replace")
     if stop.signal is not None and rc is None:

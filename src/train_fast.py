@@ -237,9 +237,9 @@ fused = "fused-adamw" not in args.without  # new #
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=fused)  # new # one kernel
 scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
 # new # begin: GradScaler skips a step whose float16 gradients overflowed, often the first one (its initial scale,
-# 2^16, is calibrated down over the first steps); the schedule still advances every iteration, as in train.py and
-# PyTorch's AMP recipe: a few skipped steps out of thousands shift it by nothing that matters. torch looks only at the
-# first iteration and warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`": expected, so silenced.
+# 2^16, is calibrated down over the first steps); the schedule still advances every iteration, as in train.py: a
+# handful of skipped steps at the start barely moves a one-cycle schedule. torch looks only at the first iteration
+# and warns "Detected call of `lr_scheduler.step()` before `optimizer.step()`": expected here, so silenced.
 warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step", category=UserWarning)
 # new # end
 total_steps = args.epochs * len(train_loader)

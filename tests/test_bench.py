@@ -235,18 +235,31 @@ def test_a_stopped_torchrun_run_takes_its_workers_with_it(tmp_path):
     run_ = {"name": "ddp", "script": "src/train_DDP.py", "launcher": "torchrun", "nproc": 2, "timeout_s": 300,
             "args": ["--device", "cpu", "--epochs", "50", "--workers", "0"]}  # fmt: skip
     log, metrics = bench.run_paths(run_, 1, tmp_path)
-    me = os.getpid()
+    me, workers = os.getpid(), []
 
     def signal_once_training():
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline and not (log.exists() and "training cnn" in log.read_text()):
             time.sleep(0.1)
-        assert _alive(str(metrics))  # the workers carry the metrics path on their command line
+        workers.extend(_pids(f"{REPO / 'src' / 'train_DDP.py'}", exclude="torch.distributed.run"))
         os.kill(me, signal.SIGINT)
 
     threading.Thread(target=signal_once_training, daemon=True).start()
     with bench.Stop() as stop:
         row = bench.execute(run_, 1, tmp_path, sys.executable, 0, stop)
     assert row["status"] == "interrupted", row
-    assert "training cnn" in log.read_text()
+    assert "training cnn" in log.read_text() and len(workers) == 2  # both workers were there when it stopped
     assert not _alive(str(metrics)), "a torchrun worker outlived its stopped run"
+
+
+def _pids(marker: str, exclude: str) -> list[int]:
+    """The processes whose command line contains `marker` and not `exclude`."""
+    found = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            text = cmdline.read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if marker in text and exclude not in text:
+            found.append(int(cmdline.parent.name))
+    return found
