@@ -115,15 +115,22 @@ args = ["--device", "cpu", "--dataset", "synthetic", "--image-size", "30000", "-
     assert "exit 3: train.py: error: out of memory" in summary.loc["too big", "reason"]
 
 
-def _alive(marker: str) -> bool:
-    """Whether a process whose command line contains `marker` still runs."""
+def _pids(marker: str, exclude: str | None = None) -> list[int]:
+    """The processes whose command line contains `marker` (and not `exclude`, when given)."""
+    found = []
     for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
         try:
-            if marker in cmdline.read_bytes().decode(errors="replace"):
-                return True
+            text = cmdline.read_bytes().decode(errors="replace")
         except OSError:
             continue
-    return False
+        if marker in text and (exclude is None or exclude not in text):
+            found.append(int(cmdline.parent.name))
+    return found
+
+
+def _alive(marker: str) -> bool:
+    """Whether a process whose command line contains `marker` still runs."""
+    return bool(_pids(marker))
 
 
 def test_ctrl_c_keeps_finished_rows_and_resume_runs_only_the_rest(tmp_path):
@@ -250,16 +257,3 @@ def test_a_stopped_torchrun_run_takes_its_workers_with_it(tmp_path):
     assert row["status"] == "interrupted", row
     assert "training cnn" in log.read_text() and len(workers) == 2  # both workers were there when it stopped
     assert not _alive(str(metrics)), "a torchrun worker outlived its stopped run"
-
-
-def _pids(marker: str, exclude: str) -> list[int]:
-    """The processes whose command line contains `marker` and not `exclude`."""
-    found = []
-    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
-        try:
-            text = cmdline.read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if marker in text and exclude not in text:
-            found.append(int(cmdline.parent.name))
-    return found
