@@ -77,6 +77,9 @@ RUN_FIELDS = [
     "peak_mem_allocated_gib",
     "peak_mem_reserved_gib",
     "peak_host_rss_gib",
+    "activation_mib",
+    "params",
+    "params_per_rank",
     "test_acc",
     "time_to_target_s",
     "train_s",
@@ -94,6 +97,9 @@ MEDIAN_FIELDS = [
     "peak_mem_allocated_gib",
     "peak_mem_reserved_gib",
     "peak_host_rss_gib",
+    "activation_mib",
+    "params",
+    "params_per_rank",
     "test_acc",
     "time_to_target_s",
     "train_s",
@@ -110,7 +116,7 @@ def fail(message: str) -> None:
 
 PROFILE_KEYS = {"repeats", "timeout_s", "args", "runs"}  # what profiles.toml's header comment documents
 RUN_KEYS = {
-    "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "launcher", "nproc",
+    "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
     "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note",
 }  # fmt: skip
 
@@ -383,6 +389,7 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
             "rung_base": run.get("rung_base", ""),
             "ceiling": run.get("ceiling", ""),
             "ablation_of": run.get("ablation_of", ""),
+            "memory": run.get("memory", ""),
             "runs_ok": len(ok),
             "runs": len(mine),
         }
@@ -491,6 +498,7 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
     text = header + ladder_markdown(summary)
     if (~is_loader & ~is_ablation).any():
         text += "## Training scripts\n\n" + _training_table(summary[~is_loader & ~is_ablation]) + "\n"
+    text += memory_markdown(summary)
     if is_ablation.any():
         text += (
             "## Ablations: one change left out\n\nEach row runs a configuration with one of its changes left out "
@@ -541,6 +549,45 @@ def ladder_markdown(summary: pd.DataFrame) -> str:
         table = pd.DataFrame(rows)
         table = table[[c for c in table.columns if c == "rung" or (table[c] != "–").any()]]  # drop empty columns
         text += f"## Ladder: {name}\n\n" + table.to_markdown(index=False) + "\n\n"
+    return text
+
+
+def memory_markdown(summary: pd.DataFrame) -> str:
+    """One table per memory comparison of the profile (rows with `memory = NAME`, in matrix order; the first is the
+    reference): parameters per process, activation memory (what autograd kept for backward in one step, measured),
+    peak memory per process, images/s, and each against the reference's."""
+    text = ""
+    group = summary.memory.map(_text)
+    for name, rows in summary[group != ""].groupby(group[group != ""], sort=False):
+        first = rows.iloc[0]
+        table = []
+        for r in rows.to_dict("records"):
+            on_cpu = r.get("device") == "cpu"
+            per_rank = r.get("params_per_rank") if pd.notna(r.get("params_per_rank")) else r.get("params")
+            table.append(
+                {
+                    "configuration": r["config"],
+                    "technique": r.get("technique") or "–",
+                    "world size": _fmt(r.get("world_size"), ".0f"),
+                    "global batch": _fmt(r.get("global_batch"), ".0f"),
+                    "params per process": _fmt(per_rank, ",.0f"),
+                    "activations (MiB)": _fmt(r.get("activation_mib"), ".1f"),
+                    "activations ×": _x(_ratio(r.get("activation_mib"), first.get("activation_mib"))),
+                    "peak per process (GiB)": ("host " + _fmt(r.get("peak_host_rss_gib"), ".2f"))
+                    if on_cpu
+                    else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                    "images/s": _images_per_s(r),
+                    "images/s ×": _x(_ratio(r.get("images_per_s"), first.get("images_per_s"))),
+                    "status": _status(r),
+                }
+            )
+        text += (
+            f"## Memory: {name}\n\nActivations: the memory of the tensors autograd kept for backward in one "
+            "training step, per process (measured with saved_tensors_hooks on the first step); params per process: "
+            "what one process holds (FSDP shards them); × the first row's.\n\n"
+            + pd.DataFrame(table).to_markdown(index=False)
+            + "\n\n"
+        )
     return text
 
 
@@ -662,6 +709,7 @@ def _training_table(summary: pd.DataFrame) -> str:
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                 "peak reserved (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_reserved_gib"), ".2f"),
                 "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
+                "activations (MiB)": _fmt(r.get("activation_mib"), ".1f"),
                 "test acc": _acc(r),
                 "first step (s)": _fmt(r.get("first_step_s"), ".1f"),
                 "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),

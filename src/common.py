@@ -44,7 +44,7 @@ GIB = 1024**3
 # The ImageNet statistics (torchvision's models use them): per-channel mean and std of RGB in [0, 1].
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # what both loaders read (DALI's file reader skips other files too)
-MODELS = ["cnn", "mlp", "resnet18", "resnet50"]
+MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit"]
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -209,6 +209,12 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
     if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):
         parser.error("--image-size applies to --dataset synthetic; Fashion-MNIST images are 28 x 28")
+    if args.model == "vit":
+        side = 28 if getattr(args, "dataset", None) == "fashion-mnist" else (args.image_size or 224)
+        if side % vit_patch_size(side):
+            parser.error(
+                f"--model vit cuts images into {vit_patch_size(side)} px patches: --image-size {side} is not a multiple"
+            )
     # Check the outputs now rather than after hours of training, when a failed write would lose the results.
     for flag, path, is_folder in (
         ("--metrics-out", args.metrics_out, False),
@@ -514,19 +520,49 @@ class MLP(nn.Sequential):
         )
 
 
+def vit_patch_size(image_size: int) -> int:
+    """The patch side of `build_model("vit")` for S x S images: 4 px below 64 px (the small ViT), 16 px from 64 px
+    (ViT-B/16). The side must be a multiple of it (`parse_args` checks)."""
+    return 4 if image_size < 64 else 16
+
+
 def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> nn.Module:
-    """`cnn` (SmallCNN), `mlp` (MLP) or torchvision ResNet-18/50 with randomly initialised weights, for
-    (N, C, S, S) float32 input and (N, num_classes) logits.
+    """`cnn` (SmallCNN), `mlp` (MLP), torchvision ResNet-18/50 or `vit` (torchvision VisionTransformer) with randomly
+    initialised weights, for (N, C, S, S) float32 input and (N, num_classes) logits.
 
     For small images (S < 64, e.g. Fashion-MNIST's 28 px) the ResNet stem is adapted as for CIFAR (He et al. 2016,
     section 4.2): a 3x3 stride-1 first convolution and no max-pool, so 28 px are not shrunk to 7 px by the stem.
     `in_channels` replaces the first convolution's 3.
+
+    `vit` below 64 px is a small ViT: 4 x 4 patches (28 px: 49 patch tokens + the class token = 50 tokens), width
+    128, 6 encoder blocks of 4 heads, MLP 512; 1.2 M parameters at 28 px, about 3.5 minutes per Fashion-MNIST epoch
+    (60,000 images) in float32 on 2 AMD EPYC cores. From 64 px it is ViT-B/16 (Dosovitskiy et al. 2021, table 1):
+    16 x 16 patches (224 px: 196 + 1 tokens), width 768, 12 blocks of 12 heads, MLP 3072; 85.8 M parameters at
+    224 px with 10 classes. Its patch embedding is a Conv2d of kernel = stride = patch, built for `in_channels`
+    (1 for Fashion-MNIST). Encoder blocks (`model.encoder.layers`) run nn.MultiheadAttention, which calls
+    scaled_dot_product_attention; no dropout, so runs are deterministic for a seed. Raises ValueError when S is not
+    a multiple of the patch side (`vit_patch_size`).
     """
     if name == "cnn":
         return SmallCNN(in_channels, num_classes, image_size)
     if name == "mlp":
         return MLP(in_channels, num_classes, image_size)
-    import torchvision  # only for the ResNets: its import costs 1.6 s of start-up
+    import torchvision  # only for the ResNets and the ViT: its import costs 1.6 s of start-up
+
+    if name == "vit":
+        patch = vit_patch_size(image_size)
+        if image_size % patch:
+            raise ValueError(f"--model vit needs an image side that is a multiple of {patch} px, not {image_size}")
+        width, depth, heads, mlp = (128, 6, 4, 512) if patch == 4 else (768, 12, 12, 3072)
+        model = torchvision.models.VisionTransformer(
+            image_size, patch, depth, heads, width, mlp, num_classes=num_classes
+        )
+        if in_channels != 3:  # initialised as torchvision initialises its own (LeCun normal, zero bias)
+            model.conv_proj = nn.Conv2d(in_channels, width, patch, stride=patch)
+            fan_in = in_channels * patch * patch
+            nn.init.trunc_normal_(model.conv_proj.weight, std=(1 / fan_in) ** 0.5)
+            nn.init.zeros_(model.conv_proj.bias)
+        return model
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
     if image_size < 64:
@@ -583,6 +619,13 @@ class Meter:
       between two steps counts, so K micro-batches per step are all counted).
     - first step (s): host seconds from the start of training to the end of the first step: where torch.compile
       compiles, cuDNN autotunes and DataLoader workers start.
+    - activation memory (MiB): what autograd keeps for backward, measured, not estimated, on the first batch the
+      loader yields (one micro-batch under gradient accumulation): from that batch's arrival to the next `next()`,
+      `step()` or `pause()`, a `torch.autograd.graph.saved_tensors_hooks` pack hook records the storage of every
+      tensor saved for backward, except parameters (leaves that require grad; autocast's low-precision copies of
+      them do count), and the distinct storages' bytes are summed. All of them are alive together at the end of the
+      forward. Under activation checkpointing, torch.utils.checkpoint saves a block's inputs here and the tensors of
+      its recompute under its own inner hooks, which are not counted: they live only during that block's backward.
     """
 
     def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10):
@@ -600,6 +643,8 @@ class Meter:
         self._t_train = None
         self._progress = (time.perf_counter(), 0, 0)  # (time, steps, images) at the last progress() call
         self._all_images = 0
+        self.activation_bytes = None  # measured on the first batch
+        self._saved_hooks, self._storages = None, {}
         for d in self.devices:
             if d.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(d)
@@ -610,20 +655,39 @@ class Meter:
                 torch.cuda.synchronize(d)
         return time.perf_counter()
 
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The pack hook: record the storage of a tensor saved for backward (not a parameter's), keep the tensor."""
+        if not (tensor.is_leaf and tensor.requires_grad):
+            storage = tensor.untyped_storage()
+            self._storages[(storage.data_ptr(), str(tensor.device))] = storage.nbytes()
+        return tensor
+
+    def _stop_counting(self) -> None:
+        if self._saved_hooks is not None:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+            self.activation_bytes = sum(self._storages.values())
+
     def loader(self, iterable):
-        """Yield from `iterable`, timing how long each `next()` blocks (the data-wait)."""
+        """Yield from `iterable`, timing how long each `next()` blocks (the data-wait); while the consumer works on
+        the first batch, count the tensors autograd saves for backward (the activation memory)."""
         iterator = iter(iterable)
         while True:
+            self._stop_counting()
             t0 = time.perf_counter()
             try:
                 batch = next(iterator)
             except StopIteration:
                 return
             self._wait += time.perf_counter() - t0
+            if self.activation_bytes is None and self._saved_hooks is None:
+                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+                self._saved_hooks.__enter__()
             yield batch
 
     def step(self, n_images: int) -> None:
         """Record the end of one optimizer step over `n_images` images (per process)."""
+        self._stop_counting()
         self.steps += 1
         self._all_images += n_images
         if self.first_step_s is None and self._t_train is not None:
@@ -651,6 +715,7 @@ class Meter:
 
     def pause(self) -> None:
         """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
+        self._stop_counting()
         now = self._sync()
         if self._t_start is not None:
             self.window_s += now - self._t_start
@@ -671,7 +736,8 @@ class Meter:
 
     def summary(self) -> dict:
         """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, data_wait_frac,
-        measured_steps, windows, first_step_s, train_s (s) and peak memory (GiB, `memory_stats`)."""
+        measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB; None when no batch was trained)
+        and peak memory (GiB, `memory_stats`)."""
         self.pause()
         measured = len(self.step_s)
         quantiles = statistics.quantiles(self.step_s, n=10, method="inclusive") if measured >= 2 else [None] * 9
@@ -692,6 +758,7 @@ class Meter:
             "windows": self.windows,
             "first_step_s": self.first_step_s,
             "train_s": self.train_s,
+            "activation_mib": self.activation_bytes / 2**20 if self.activation_bytes is not None else None,
             **memory_stats(),
         }
 
@@ -916,6 +983,8 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     else:
         wait = summary["data_wait_frac"]
         line = f"{summary['images_per_s']:.1f} images/s, data-wait {100 * wait:.1f} %"
+    if summary.get("activation_mib") is not None:
+        line += f", activations saved for backward {summary['activation_mib']:.1f} MiB"
     print(f"{line}, peak host RSS {summary['peak_host_rss_gib']:.2f} GiB", flush=True)
     return write_metrics(
         args.metrics_out,
@@ -999,10 +1068,13 @@ def _shown(value) -> str:
 
 
 def save_checkpoint(
-    path: Path, args: argparse.Namespace, model: nn.Module, optimizer: torch.optim.Optimizer, epoch: int, step: int,
-    **extra,
+    path: Path, args: argparse.Namespace, model: nn.Module | dict, optimizer: torch.optim.Optimizer | None, epoch: int,
+    step: int, **extra,
 ) -> None:  # fmt: skip
     """Save model and optimizer state, the number of finished `epoch`s, the global `step` and `extra` to `path`.
+
+    `model` is a module or its state dict (FSDP gathers a full one); `optimizer` None leaves the optimizer's state out
+    (FSDP keeps it in its sharded checkpoint).
 
     `extra` holds state holders (objects with a state_dict, e.g. scaler=GradScaler: their state_dict is saved) and
     plain values (sampler_epoch=3). The file also holds its format version (CHECKPOINT_FORMAT) and what made it
@@ -1016,8 +1088,8 @@ def save_checkpoint(
     state = {
         "format": CHECKPOINT_FORMAT,
         "made_by": checkpoint_origin(args, optimizer, **holders),
-        "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": model if isinstance(model, dict) else model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "epoch": epoch,
         "step": step,
         **{name: value.state_dict() if name in holders else value for name, value in extra.items()},
@@ -1034,13 +1106,14 @@ def save_checkpoint(
 def load_checkpoint(
     path: Path,
     args: argparse.Namespace,
-    model: nn.Module,
+    model: nn.Module | None,
     optimizer: torch.optim.Optimizer | None = None,
     device: torch.device | str = "cpu",
     **holders,
 ) -> dict:
     """Load a `save_checkpoint` file into `model`, `optimizer` and the state `holders` (scaler=GradScaler...); return
-    the whole dict (epoch, step, plain extras).
+    the whole dict (epoch, step, plain extras). With `model` None, it only checks the file and returns it (FSDP loads
+    its sharded state itself).
 
     Checks before loading anything: the format version, then that the file was made by a run like this one (every
     CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed, world size, batch per
@@ -1072,7 +1145,8 @@ def load_checkpoint(
             "flags that saved it, or use a new --checkpoint-dir"
         )
     try:
-        model.load_state_dict(state["model"])
+        if model is not None:
+            model.load_state_dict(state["model"])
         if optimizer is not None:
             optimizer.load_state_dict(state["optimizer"])
         for name, holder in holders.items():

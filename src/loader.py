@@ -151,5 +151,6 @@ common.report(
     image_size=args.image_size,
     device=device,
     steps=step,
+    params=None if args.loader_only else sum(p.numel() for p in model.parameters()),  # the model's parameters
     test_images=len(val_set),
 )

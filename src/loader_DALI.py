@@ -231,5 +231,6 @@ if rank == 0:  # new # only rank 0 writes
         world_size=world_size,  # new # shards read
         gpus=world_size if gpu else 0,  # new #
         steps=step,
+        params=None if args.loader_only else sum(p.numel() for p in model.parameters()),  # the model's parameters
         test_images=val_loader.pipeline.epoch_size("Reader"),  # new # files in val/, like len(val_set)
     )

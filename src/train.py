@@ -109,5 +109,6 @@ common.report(
     precision=common.precision_label(device),
     device=device,
     steps=step,
+    params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

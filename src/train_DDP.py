@@ -181,6 +181,7 @@ if master:  # new #
         world_size=world_size,  # new #
         gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
+        params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=test_images,  # new # summed over the ranks' shards
     )
 dist.destroy_process_group()  # new # leave the group cleanly before exiting

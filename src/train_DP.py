@@ -122,5 +122,6 @@ common.report(
     device=device,
     gpus=len(model.device_ids),  # new # the GPUs the batch was split over
     steps=step,
+    params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

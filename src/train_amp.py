@@ -140,5 +140,6 @@ common.report(
     precision=f"amp {str(amp_dtype).removeprefix('torch.')}",  # new # what the convs and matmuls ran in
     device=device,
     steps=step,
+    params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

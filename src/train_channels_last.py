@@ -154,5 +154,6 @@ common.report(
     precision=f"amp {str(amp_dtype).removeprefix('torch.')} + channels_last",  # new #
     device=device,
     steps=step,
+    params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

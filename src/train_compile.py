@@ -172,6 +172,7 @@ common.report(
     precision=f"amp {str(amp_dtype).removeprefix('torch.')} + channels_last",  # new #
     device=device,
     steps=step,
+    params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     compile_s=summary["first_step_s"],  # new # the first step, where the compile happens
     compile_mode=args.compile_mode,  # new #
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them

@@ -306,20 +306,92 @@ def test_model_parallel_pipeline_computes_the_unsplit_model_s_logits_and_gradien
     assert_loads_into_train_py(mp["checkpoint"])  # the stages share the model's layers and keys
 
 
-@pytest.mark.parametrize("balance", ["params", "flops"])
-def test_model_parallel_cuts_resnet18_between_blocks_where_the_stages_are_most_even(balance, tmp_path):
-    """The cut of ResNet-18 (32 px synthetic images: what is measured is the cut, not learning): between residual
-    blocks, where the stages' parameters (--balance params) or forward FLOPs (--balance flops) are most even. The two
-    stages hold the whole model, and each at least a third of what is balanced (the cut it replaced, at half the
-    running parameter count over the top-level children, gave the last stage 5,130 of 11.2 M parameters)."""
-    result = train(tmp_path, "src/train_model_parallel.py", "--model", "resnet18", "--dataset", "synthetic",
+@pytest.mark.parametrize("model,balance", [("resnet18", "params"), ("resnet18", "flops"), ("vit", "flops")])
+def test_model_parallel_cuts_between_blocks_where_the_stages_are_most_even(model, balance, tmp_path):
+    """The cut of ResNet-18 and of the small ViT (32 px synthetic images: what is measured is the cut, not learning):
+    between residual / encoder blocks, where the stages' parameters (--balance params) or forward FLOPs (--balance
+    flops, attention included) are most even. The two stages hold the whole model, and each at least a third of what
+    is balanced (the cut it replaced, at half the running parameter count over the top-level children, gave
+    ResNet-18's last stage 5,130 of 11.2 M parameters). The ViT's blocks, run one after another, compute its forward
+    (the script checks; else it exits 2)."""
+    result = train(tmp_path, "src/train_model_parallel.py", "--model", model, "--dataset", "synthetic",
                    "--image-size", "32", "--subset", "64", "--batch-size", "32", "--max-steps", "1",
                    "--micro-batches", "2", "--balance", balance)  # fmt: skip
-    metrics, model = result["metrics"], common.build_model("resnet18", 3, 32)
+    metrics, model = result["metrics"], common.build_model(model, 3, 32)
     assert sum(metrics["stage_params"]) == sum(p.numel() for p in model.parameters())
     share = metrics["stage_params"] if balance == "params" else metrics["stage_gflops"]
     assert min(share) / sum(share) > 1 / 3, share
     assert f"(--balance {balance})" in result["stdout"]
+
+
+# -- Memory: activation checkpointing -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("model", ["resnet18", "vit"])
+def test_activation_checkpointing_trains_train_py_s_weights_bit_for_bit_and_keeps_less_for_backward(model, tmp_path):
+    """train_activation_checkpointing.py vs train.py, --deterministic, batch 32, 3 steps on synthetic 32 px batches
+    (what is compared is the arithmetic, not learning; an evaluation of Fashion-MNIST's 10,000 test images would take
+    half a minute a run on 2 cores): ResNet-18 (BatchNorm in every checkpointed block) and the small ViT. Compared: every weight, bias and BatchNorm statistic
+    (and its batch count) after the 3 steps, and the test loss. Tolerance: none (bit for bit): the recompute runs the
+    same deterministic kernels on the same inputs, so the rebuilt tensors, the gradients and the updates are equal;
+    without the buffers put back after a recompute, each BatchNorm would update its running statistics twice a step
+    (a difference in every running mean, and batch counts of 6 instead of 3). Also: what autograd kept for backward
+    (activation_mib, measured by the meter on the first step) is below half of train.py's."""
+    flags = ["--model", model, "--dataset", "synthetic", "--image-size", "32", "--subset", "96", "--batch-size", "32",
+             "--epochs", "1", "--deterministic"]  # fmt: skip
+    ac = train(tmp_path / "ac", "src/train_activation_checkpointing.py", *flags)
+    base = train(tmp_path / "base", "src/train.py", *flags)
+    assert ac["state"]["step"] == base["state"]["step"] == 3
+    assert_identical(ac["state"]["model"], base["state"]["model"])
+    assert ac["metrics"]["epochs"][-1]["val_loss"] == base["metrics"]["epochs"][-1]["val_loss"]
+    kept, full = ac["metrics"]["activation_mib"], base["metrics"]["activation_mib"]
+    print(f"activation checkpointing, {model}: {kept:.1f} MiB kept for backward, train.py {full:.1f} MiB")
+    assert 0 < kept < full / 2
+    blocks = {"resnet18": 8, "vit": 6}[model]
+    assert ac["metrics"]["checkpointed_blocks"] == blocks - 1  # every block but the last
+    assert f"activation checkpointing: {blocks - 1} of {blocks} blocks" in ac["stdout"]
+    common.build_model(model, 3, 32).load_state_dict(ac["state"]["model"])  # the blocks keep their keys
+
+
+# FSDP against DDP: the small ViT (6 encoder blocks, each sharded) on synthetic 32 px batches, 2 gloo ranks x 32,
+# 4 steps an epoch, 2 epochs (what is compared is the arithmetic of sharding, not learning).
+SHARDED = ["--model", "vit", "--dataset", "synthetic", "--image-size", "32", "--subset", "128", "--batch-size", "32",
+           "--epochs", "2", "--deterministic"]  # fmt: skip
+
+
+def test_fsdp_matches_ddp_and_resumes_from_its_sharded_checkpoint_bit_for_bit(tmp_path):
+    """train_FSDP.py vs its base train_DDP.py, 2 gloo ranks, SHARDED's 8 steps. Compared: every weight after the 8
+    steps (FSDP's full state dict, gathered onto rank 0 into last.pt, against DDP's), and every epoch's train and test
+    loss. Tolerance: 1e-6 relative: both average the same two float32 gradients (FSDP reduce-scatters, DDP
+    all-reduces), so they may differ only in the order of float32 additions (measured below: 0, equal on gloo); a
+    missing average (a sum), one rank's gradient alone, or an optimizer stepping the wrong shard is off by 10 % or
+    more. Then FSDP's restart: rank 0 SIGKILLed right after the end-of-epoch-1 checkpoint (tests/crash_probe.py),
+    torchrun restarts both ranks, --resume reads every rank's shards of the weights and of AdamW's state back from
+    the DCP folder; tolerance none (bit for bit) against the uninterrupted FSDP run. Each rank holds half the
+    parameters, and last.pt loads into the model train.py builds."""
+    ddp = train(tmp_path / "ddp", "src/train_DDP.py", *SHARDED, nproc=2)
+    fsdp = train(tmp_path / "fsdp", "src/train_FSDP.py", *SHARDED, nproc=2)
+    assert fsdp["state"]["step"] == ddp["state"]["step"] == 8
+    error = relative_error(weights(fsdp), weights(ddp))
+    print(f"FSDP vs DDP: weights {error:.1e} relative after 8 steps")
+    assert error < 1e-6
+    for a, b in zip(fsdp["metrics"]["epochs"], ddp["metrics"]["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-6)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6)
+    metrics = fsdp["metrics"]
+    assert metrics["params"] == sum(p.numel() for p in common.build_model("vit", 3, 32).parameters())
+    # dim 0 of each parameter is split in 2, rank 0 taking the larger half of an odd one (a class token of 1 x 1 x 128)
+    assert 0.5 <= metrics["params_per_rank"] / metrics["params"] < 0.51
+    assert metrics["technique"] == "FSDP" and metrics["precision"] == "FSDP float32" and metrics["world_size"] == 2
+    common.build_model("vit", 3, 32).load_state_dict(fsdp["state"]["model"])  # the full model, train.py's keys
+    assert [p.name for p in (tmp_path / "fsdp").glob("sharded-step*")] == ["sharded-step8"]  # the older one removed
+
+    probe = ("tests/crash_probe.py", "0:after-save:1:0", "--")  # attempt 0: rank 0 dies after its first save
+    restarted = train(tmp_path / "restarted", "src/train_FSDP.py", *SHARDED, "--resume", nproc=2, restarts=1,
+                      probe=probe, env=RESTARTABLE)  # fmt: skip
+    assert "resumed from" in restarted["stdout"] and "1 epochs and 4 steps done" in restarted["stdout"]
+    assert_identical(weights(restarted), weights(fsdp))
+    assert [e["val_loss"] for e in restarted["metrics"]["epochs"]] == [fsdp["metrics"]["epochs"][-1]["val_loss"]]
 
 
 # -- Restarts: train_DDP_elastic.py under torchrun --max-restarts ---------------------------------------------------

@@ -58,6 +58,8 @@ CHAINS = {
     "train_DDP.py": "train.py",
     "train_DDP_elastic.py": "train_DDP.py",
     "train_accum.py": "train_DDP.py",
+    "train_FSDP.py": "train_DDP.py",
+    "train_activation_checkpointing.py": "train.py",
     "train_amp.py": "train.py",
     "train_channels_last.py": "train_amp.py",
     "train_compile.py": "train_channels_last.py",

@@ -9,6 +9,8 @@ import pytest
 from conftest import REPO, run
 from test_bench import PNGS, _is_png
 
+import common
+
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
@@ -71,3 +73,21 @@ def test_smoke_ladder_lists_every_rung_with_both_speedups(smoke):
         line = next(line for line in lines if line.startswith(f"| {config} "))
         assert f"{row.speedup_rung:.2f}× ({base})" in line and f"{row.speedup:.2f}×" in line
     assert "## Ladder: small CNN from JPEG files" in ladder  # the input ladder: loader.py -> loader_DALI.py
+
+
+def test_smoke_memory_table_shows_activation_checkpointing_against_its_base_at_the_same_batch(smoke):
+    """The memory table: train_activation_checkpointing.py against train.py, the small ViT at the same batch, each
+    row's measured activation memory (saved_tensors_hooks) and images/s, the second against the first."""
+    out, summary, _ = smoke
+    table = (out / "table.md").read_text()
+    assert "## Memory: small ViT, batch 32: activation checkpointing" in table
+    by_config = summary.set_index("config")
+    base = by_config.loc["train.py vit, synthetic 32 px"]
+    ac = by_config.loc["train_activation_checkpointing.py vit, synthetic 32 px"]
+    assert base.global_batch == ac.global_batch == 32
+    assert 0 < ac.activation_mib < base.activation_mib / 2  # 5 of 6 blocks keep only their inputs
+    vit = common.build_model("vit", 3, 32)  # the same model in both: the small ViT for 3 x 32 x 32
+    assert base.params == ac.params == sum(p.numel() for p in vit.parameters())
+    section = table.split("## Memory: small ViT, batch 32")[1].split("\n## ")[0]
+    line = next(line for line in section.splitlines() if line.startswith("| train_activation_checkpointing.py"))
+    assert f"{ac.activation_mib:.1f}" in line and f"{ac.activation_mib / base.activation_mib:.2f}×" in line

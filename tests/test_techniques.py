@@ -10,6 +10,8 @@ import pytest
 import torch
 from conftest import REPO, assert_one_line_error, run
 
+import common
+
 QUICK = ["--device", "cpu", "--model", "cnn", "--workers", "0", "--warmup-steps", "3", "--log-every", "1000"]
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
@@ -147,3 +149,29 @@ def test_fast_is_a_single_process_script_and_refuses_a_world_size_above_1():
     proc = run("src/train_fast.py", *QUICK, "--subset", "512", env=env)
     assert proc.returncode == 2
     assert_one_line_error(proc, "train_fast.py is a single-process script", "train_DDP.py")
+
+
+# -- --model vit in every single-process training script ----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "script", ["train_DP.py", "train_amp.py", "train_channels_last.py", "train_compile.py", "train_fast.py"]
+)
+def test_every_single_process_script_trains_the_vit(script, tmp_path):
+    """--model vit through each single-process script (train.py, train_activation_checkpointing.py and
+    train_model_parallel.py have their own tests in test_equivalence.py): 2 steps of the small ViT on synthetic
+    3 x 32 x 32 batches, which run its 65-token encoder; channels_last checks its one convolution (the patch
+    embedding) reads NHWC. The metrics name the model and carry its parameters and the activations it kept."""
+    flags = ["--device", "cpu", "--model", "vit", "--dataset", "synthetic", "--image-size", "32", "--subset", "64",
+             "--batch-size", "32", "--epochs", "1", "--warmup-steps", "1", "--workers", "0"]  # fmt: skip
+    metrics, proc = metrics_of(tmp_path, f"src/{script}", *flags)
+    assert metrics["model"] == "vit" and metrics["steps"] == 2 and metrics["status"] == "ok"
+    vit = common.build_model("vit", 3, 32)
+    assert metrics["activation_mib"] > 0 and metrics["params"] == sum(p.numel() for p in vit.parameters())
+    assert "activations saved for backward" in proc.stdout
+
+
+def test_vit_image_side_that_is_not_a_multiple_of_its_patch_is_a_usage_error():
+    proc = run("src/train.py", "--device", "cpu", "--model", "vit", "--dataset", "synthetic", "--image-size", "30")
+    assert_one_line_error(proc, "--model vit cuts images into 4 px patches: --image-size 30 is not a multiple")
+    assert proc.returncode == 2

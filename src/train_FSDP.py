@@ -1,0 +1,248 @@
+# new # begin: this script's own docstring
+"""FSDP2: train_DDP.py + every block's parameters, gradients and optimizer state sharded over the ranks.
+
+DDP keeps a whole replica on every rank: weights, gradients and AdamW's two moments, 16 bytes a parameter in float32,
+on each of them. Fully sharded data parallelism (FSDP2, `torch.distributed.fsdp.fully_shard`) keeps 1/world_size of
+each: `fully_shard(block)` turns the block's parameters into DTensors sharded over a device mesh, and the block is
+then gathered just in time: an all-gather of its parameters before its forward (freed after it), another before its
+backward, and a reduce-scatter of its gradients after it, so each rank keeps only its shard of the averaged gradient
+and steps only its shard of the optimizer state. Sharding every block and then the root (what no block holds: the
+stem or patch embedding, the head) lets the next block's all-gather overlap this block's compute. It trains what DDP
+trains (tests/test_equivalence.py); what it costs is communication, about 1.5 x DDP's volume (two all-gathers and a
+reduce-scatter of the parameters per step against one all-reduce of the gradients). It pays when a model with its
+gradients and optimizer state does not fit one device, or leaves no room for a useful batch; for a model that fits,
+DDP is as fast or faster. A MixedPrecisionPolicy (--param-dtype bfloat16) all-gathers and computes in bfloat16 while
+the sharded weights, the optimizer and the gradient reduction stay in float32. (float16 would need a GradScaler for its
+narrow range, train_amp.py's lesson: left out to keep this diff one technique.) The small CNN and the MLP have no
+blocks: their one unit is the whole model. Checkpoints are sharded: every rank writes its own shards through
+torch.distributed.checkpoint (DCP: --checkpoint-dir/sharded-step<N>, which loads into any world size's shards), and
+--resume reads them back; rank 0 also gathers the full model into last.pt, which train.py loads. The metrics carry
+params (the whole model) and params_per_rank (what one rank holds).
+
+    torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --workers 1     # 2 processes on a CPU (gloo)
+    torchrun --nproc-per-node gpu src/train_FSDP.py --model vit --param-dtype bfloat16     # one process per GPU (nccl)
+    torchrun --nproc-per-node gpu src/train_FSDP.py --model vit --dataset synthetic --batch-size 64 --max-steps 100
+    torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --epochs 1
+    torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --resume
+    diff src/train_DDP.py src/train_FSDP.py                                                # only the lines marked `# new #`
+"""
+# new # end
+
+import os  # new #
+import shutil  # new #
+
+import torch
+import torch.distributed as dist  # new #
+import torch.distributed.checkpoint as dcp  # new #
+import torch.nn as nn
+import torchvision  # new #
+from torch.distributed.checkpoint.state_dict import (  # new # sharded and full state dicts of model and optimizer
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh  # new #
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # new #
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler  # new #
+
+import common
+
+parser = common.get_parser(__doc__)
+parser.add_argument(  # new #
+    "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on CUDA, else gloo"
+)
+parser.add_argument(  # new #
+    "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
+)
+parser.add_argument(  # new #
+    "--param-dtype",
+    choices=["float32", "bfloat16"],
+    default="float32",
+    help="MixedPrecisionPolicy: the dtype blocks are gathered and run in (shards, optimizer, reduction: float32)",
+)
+args = common.parse_args(parser)
+# new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
+if "LOCAL_RANK" not in os.environ:
+    common.die(
+        "launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu` (no RANK set)"
+    )  # new #
+local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
+# new # end
+generator = common.seed_everything(args.seed, args.deterministic)
+device = common.get_device(args.device)
+# new # begin: one device per process, then the process group
+if device.type == "cuda":
+    if local_rank >= torch.cuda.device_count():
+        common.die(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node")
+    device = torch.device("cuda", local_rank)
+    torch.cuda.set_device(device)  # before the process group, so NCCL binds this GPU and not GPU 0
+else:
+    torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # share the cores
+backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+if backend == "nccl" and device.type != "cuda":
+    common.die("--backend nccl needs CUDA devices; use --backend gloo on CPU")
+dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, which torchrun sets
+# new # end
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+sampler = None  # new # synthetic data: every rank makes its own batch
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
+    sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
+    test_set = torch.utils.data.Subset(test_set, range(rank, len(test_set), world_size))  # no padding: each image once
+    # (FSDP's forward is a collective: every rank must run as many test batches; 10,000 / world size in batches of
+    # 1,000 gives each rank the same number for any world size up to 10,000)
+    # new # end
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,  # new # instead of shuffle=True: the sampler shuffles
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+# new # begin: shard each block over the ranks, then the root; every rank built the same weights from the same seed
+if args.sync_bn and device.type == "cuda":
+    model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over the global batch
+elif args.sync_bn and master:
+    print("train_FSDP.py: --sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); BatchNorm per process", flush=True)
+mesh = init_device_mesh(device.type, (world_size,))  # 1-D: every parameter split in world_size shards (dim 0)
+param_dtype = getattr(torch, args.param_dtype)
+mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)  # gradients averaged in float32
+if isinstance(model, torchvision.models.VisionTransformer):
+    blocks = list(model.encoder.layers)  # EncoderBlock: attention + MLP
+elif isinstance(model, torchvision.models.ResNet):
+    blocks = [*model.layer1, *model.layer2, *model.layer3, *model.layer4]  # the residual blocks
+else:
+    blocks = []  # the small CNN and the MLP: the root is the only unit
+for block in blocks:  # one unit each: all-gathered before its forward and its backward, freed after them
+    fully_shard(block, mesh=mesh, mp_policy=mp_policy)
+fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # the root: the parameters no block holds (stem, head)
+params = sum(p.numel() for p in model.parameters())  # DTensors: numel() is the whole parameter's
+params_per_rank = sum(p.to_local().numel() for p in model.parameters())  # this rank's shards
+if master:
+    print(f"FSDP: {len(blocks)} blocks + root sharded over {world_size} ranks, {params_per_rank:,} of {params:,} "
+          f"parameters on rank 0, {args.param_dtype} compute", flush=True)  # fmt: skip
+# new # end
+criterion = nn.CrossEntropyLoss()
+# new # the optimizer comes after fully_shard, so that its state (AdamW's moments) is sharded like the parameters
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    # new # begin: last.pt says what made the run and how far it got; every rank reads its shards from the DCP folder
+    state = common.load_checkpoint(checkpoint, args, None, None, device)  # checks only: FSDP loads the shards below
+    # DCP loads into a template, only the keys it has: a schedule gives the param groups the keys it saved with them
+    torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps)  # initial_lr, max_lr...
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, to be filled in place
+    dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / state["sharded"])
+    set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
+    # new # end
+    start_epoch, step = state["epoch"], state["step"]
+    if master:  # new #
+        print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs = []
+if master:  # new #
+    print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
+        sampler.set_epoch(epoch)  # new #
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if master and step % args.log_every == 0:  # new #
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
+    # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
+    for buffer in model.buffers():  # new # FSDP shards parameters, not buffers
+        dist.broadcast(buffer, src=0)
+    # new # end
+    val_loss, val_acc = common.evaluate(model, test_loader, device)  # new # FSDP's forward: every rank runs it
+    # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
+    n = len(test_loader.dataset)
+    totals = torch.tensor([val_loss * n, val_acc * n, n], dtype=torch.float64, device=device)
+    dist.all_reduce(totals)  # sum over ranks
+    val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
+    # new # end
+    epochs.append(
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
+    )
+    if master:  # new #
+        print(common.epoch_line(epochs[-1]), flush=True)
+    # new # begin: every rank writes its shards (DCP), then rank 0 the full model and the pointer to them (last.pt)
+    if checkpoint:
+        folder = f"sharded-step{step}"
+        model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, keyed like train.py's
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / folder)
+        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if master:  # full: all-gathered onto rank 0's host memory (empty on the other ranks)
+            common.save_checkpoint(checkpoint, args, full, None, epoch + 1, step, sharded=folder)  # the new one...
+            for old in args.checkpoint_dir.glob("sharded-step*"):  # ... then the old ones go
+                if old.name != folder:
+                    shutil.rmtree(old, ignore_errors=True)
+    # new # end
+    if step == total_steps:
+        break
+
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = common.gather_summary(meter.summary())  # new # images/s summed over ranks, peak memory the max
+if master:  # new #
+    common.report(
+        args,
+        summary,
+        epochs,
+        script="train_FSDP.py",  # new #
+        technique="FSDP",  # new #
+        precision=f"FSDP {args.param_dtype}",  # new # what the blocks were gathered and run in
+        device=device,
+        world_size=world_size,  # new #
+        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
+        steps=step,
+        params=params,  # new # the whole model's
+        params_per_rank=params_per_rank,  # new # what rank 0 holds: about params / world_size
+        test_images=test_images,  # new # summed over the ranks' shards
+    )
+dist.destroy_process_group()  # new # leave the group cleanly before exiting

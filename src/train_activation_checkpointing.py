@@ -1,0 +1,174 @@
+# new # begin: this script's own docstring
+"""Activation checkpointing: train.py + torch.utils.checkpoint around each block, activations recomputed in backward.
+
+Backward needs what forward computed: autograd keeps every block's intermediate tensors (attention scores, MLP
+hidden states, batch-norm inputs) until the block's backward has used them, so at the end of the forward all of them
+are alive at once, and for a transformer they, not the weights, fill the memory. `checkpoint(block, x,
+use_reentrant=False)` keeps only the block's input and, in backward, runs the block's forward again to rebuild its
+tensors just before they are needed: activation memory falls from the sum over blocks to the blocks' inputs plus one
+block's tensors, for one extra forward of each checkpointed block (about a third more compute). That buys a larger
+batch, a longer sequence or a larger model on the same device; it is not a speed-up, and at a batch that fitted
+anyway it only costs time. The weights, the gradients and the updates are those of train.py, bit for bit
+(tests/test_equivalence.py). --recompute-every N checkpoints every N-th block (ViT encoder blocks, ResNet residual
+blocks): fewer recomputes, less saved. The metrics' activation_mib (what autograd kept for backward, measured with
+saved_tensors_hooks on a real step) and images/s, against train.py's at the same batch, are the trade.
+Pitfalls, and the line that avoids each:
+- Reentrant checkpointing (`use_reentrant=True`, the old default) runs backward inside backward: under DDP it fails
+  with "Expected to mark a variable ready only once", and it drops gradients of inputs that do not require grad.
+  Avoided by `use_reentrant=False` in the `checkpoint` call.
+- Dropout draws other random numbers on the recompute unless the RNG state is restored: `checkpoint` does that by
+  default (preserve_rng_state=True); keep it so. (This ViT has no dropout, the ResNets none either.)
+- BatchNorm updates its running statistics on every forward, so a recompute would update them twice (the ResNets):
+  `context_fn` puts its buffers back after the recompute (`buffers_restored`).
+- What not to checkpoint: the last block (its backward starts as soon as the forward ends, so recomputing it saves
+  nothing at the peak), the loss and the head (small tensors, recomputed for nothing): `blocks[:-1]`.
+The small CNN and the MLP have no repeated blocks: with them the script says so and trains as train.py does.
+
+    python src/train_activation_checkpointing.py --model vit                     # every ViT encoder block but the last
+    python src/train_activation_checkpointing.py --model resnet18 --recompute-every 2
+    python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --max-steps 50
+    diff src/train.py src/train_activation_checkpointing.py                     # only the lines marked `# new #`
+"""
+# new # end
+
+import contextlib  # new #
+import functools  # new #
+
+import torch
+import torch.nn as nn
+import torchvision  # new #
+from torch.utils.checkpoint import checkpoint  # new #
+from torch.utils.data import DataLoader
+
+import common
+
+parser = common.get_parser(__doc__)
+parser.add_argument(  # new #
+    "--recompute-every", type=common.positive_int, default=1, help="checkpoint every N-th block (never the last one)"
+)
+args = common.parse_args(parser)
+generator = common.seed_everything(args.seed, args.deterministic)
+device = common.get_device(args.device)
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device)
+else:
+    train_set, test_set = common.load_data(args)
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        shuffle=True,
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.seed_worker,
+        generator=generator,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+# new # begin: the blocks whose activations are recomputed in backward instead of kept
+
+
+@contextlib.contextmanager
+def buffers_restored(block):
+    """Around a block's recompute: its buffers (BatchNorm's running statistics) end as they were before it."""
+    saved = [(buffer, buffer.clone()) for buffer in block.buffers()]
+    try:
+        yield
+    finally:
+        for buffer, value in saved:
+            buffer.copy_(value)
+
+
+if isinstance(model, torchvision.models.VisionTransformer):
+    blocks = list(model.encoder.layers)  # EncoderBlock: attention + MLP, (N, tokens, width) in and out
+elif isinstance(model, torchvision.models.ResNet):
+    blocks = [*model.layer1, *model.layer2, *model.layer3, *model.layer4]  # the residual blocks
+else:
+    blocks = []
+    print(f"{args.model} has no repeated blocks to checkpoint: it trains as train.py does", flush=True)
+checkpointed = blocks[:-1][:: args.recompute_every]  # never the last block: recomputing it saves nothing
+for block in checkpointed:  # block(x) now calls checkpoint(original forward, x); the state dict keeps its keys
+    block.forward = functools.partial(
+        checkpoint,
+        block.forward,
+        use_reentrant=False,  # the non-reentrant implementation: works under DDP and torch.compile
+        context_fn=functools.partial(lambda b: (contextlib.nullcontext(), buffers_restored(b)), block),
+    )
+print(f"activation checkpointing: {len(checkpointed)} of {len(blocks)} blocks", flush=True)
+# new # end
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, args, model, optimizer, device)
+    start_epoch, step = state["epoch"], state["step"]
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+epochs = []
+print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(train_loader):
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+
+    val_loss, val_acc = common.evaluate(model, test_loader, device)
+    epochs.append(
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
+    )
+    print(common.epoch_line(epochs[-1]), flush=True)
+    if checkpoint:
+        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step)
+    if step == total_steps:
+        break
+
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = meter.summary()
+common.report(
+    args,
+    summary,
+    epochs,
+    script="train_activation_checkpointing.py",  # new #
+    technique="activation checkpointing",  # new #
+    precision=common.precision_label(device),
+    device=device,
+    checkpointed_blocks=len(checkpointed),  # new #
+    steps=step,
+    params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
+    test_images=len(test_loader.dataset),  # evaluate() counts every one of them
+)
