@@ -622,8 +622,9 @@ class Meter:
     - activation memory (MiB): what autograd keeps for backward, measured, not estimated, on the first batch the
       loader yields (one micro-batch under gradient accumulation): from that batch's arrival to the next `next()`,
       `step()` or `pause()`, a `torch.autograd.graph.saved_tensors_hooks` pack hook records the storage of every
-      tensor saved for backward, except parameters (leaves that require grad; autocast's low-precision copies of
-      them do count), and the distinct storages' bytes are summed. All of them are alive together at the end of the
+      tensor saved for backward, except parameters and views of them (leaves that require grad, e.g. the `weight.t()`
+      nn.Linear saves; autocast's low-precision copies of them do count), and the distinct storages' bytes are
+      summed. All of them are alive together at the end of the
       forward. Under activation checkpointing, torch.utils.checkpoint saves a block's inputs here and the tensors of
       its recompute under its own inner hooks, which are not counted: they live only during that block's backward.
     """
@@ -656,9 +657,14 @@ class Meter:
         return time.perf_counter()
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
-        """The pack hook: record the storage of a tensor saved for backward (not a parameter's), keep the tensor."""
-        if not (tensor.is_leaf and tensor.requires_grad):
-            storage = tensor.untyped_storage()
+        """The pack hook: record the storage of a tensor saved for backward, unless it is a parameter or a view of
+        one (nn.Linear saves `weight.t()`), and keep the tensor."""
+        base = tensor._base if tensor._base is not None else tensor
+        if not (base.is_leaf and base.requires_grad):
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a sparse tensor or a subclass without one storage
+                return tensor
             self._storages[(storage.data_ptr(), str(tensor.device))] = storage.nbytes()
         return tensor
 
@@ -790,7 +796,7 @@ def memory_stats() -> dict:
 def gather_summary(summary: dict) -> dict:
     """A `Meter.summary()` made global over the ranks of the default process group (every rank must call it):
     images/s summed (each rank measured its own share), peak memory the maximum over ranks, `peak_mem_per_device`
-    every rank's devices (with their rank), data-wait and step times those of this rank."""
+    every rank's devices (with their rank), data-wait, step times and activation_mib those of this rank."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, summary)
     merged = dict(summary)

@@ -7,24 +7,31 @@ each: `fully_shard(block)` turns the block's parameters into DTensors sharded ov
 then gathered just in time: an all-gather of its parameters before its forward (freed after it), another before its
 backward, and a reduce-scatter of its gradients after it, so each rank keeps only its shard of the averaged gradient
 and steps only its shard of the optimizer state. Sharding every block and then the root (what no block holds: the
-stem or patch embedding, the head) lets the next block's all-gather overlap this block's compute. It trains what DDP
-trains (tests/test_equivalence.py); what it costs is communication, about 1.5 x DDP's volume (two all-gathers and a
-reduce-scatter of the parameters per step against one all-reduce of the gradients). It pays when a model with its
+stem or patch embedding, the head) lets the next block's all-gather overlap this block's compute (on GPUs, where the
+collectives run on their own streams). It trains what DDP trains (tests/test_equivalence.py); what it costs is
+communication: two all-gathers and a reduce-scatter of the parameters per step against DDP's one all-reduce of the
+gradients (a reduce-scatter and an all-gather), about 1.5 x DDP's volume in float32. It pays when a model with its
 gradients and optimizer state does not fit one device, or leaves no room for a useful batch; for a model that fits,
-DDP is as fast or faster. A MixedPrecisionPolicy (--param-dtype bfloat16) all-gathers and computes in bfloat16 while
-the sharded weights, the optimizer and the gradient reduction stay in float32. (float16 would need a GradScaler for its
-narrow range, train_amp.py's lesson: left out to keep this diff one technique.) The small CNN and the MLP have no
-blocks: their one unit is the whole model. Checkpoints are sharded: every rank writes its own shards through
-torch.distributed.checkpoint (DCP: --checkpoint-dir/sharded-step<N>, which loads into any world size's shards), and
---resume reads them back; rank 0 also gathers the full model into last.pt, which train.py loads. The metrics carry
-params (the whole model) and params_per_rank (what one rank holds).
+DDP is as fast or faster. --param-dtype bfloat16 sets a MixedPrecisionPolicy: every unit is all-gathered and computes
+in bfloat16 (its inputs cast to it: not autocast, so norms and softmax run in bfloat16 too), the root's output is
+cast back to float32 for the loss, and the sharded weights, the optimizer and the gradient reduction stay float32;
+it halves the all-gathers. BatchNorm's float32 running statistics do not mix with bfloat16 parameters, so the script
+refuses that combination for the CNN and the ResNets. (float16 would need a GradScaler for its narrow range,
+train_amp.py's lesson: left out to keep this diff one technique.) The small CNN and the MLP have no blocks: their one
+unit is the whole model. FSDP never broadcasts buffers (DDP does, before each forward): each rank's BatchNorm
+statistics follow its own batches, and rank 0's, which the checkpoint holds, are what DDP's rank 0 would hold.
+Checkpoints are sharded: every rank writes its own shards through torch.distributed.checkpoint (DCP:
+--checkpoint-dir/sharded-step<N>) and --resume reads them back (with the same world size: the sampler's batches
+depend on it, though DCP itself could reshard); rank 0 also gathers the full model into last.pt, whose "model" loads
+into the model train.py builds (`load_state_dict`; train.py --resume refuses another script's checkpoint). The
+metrics carry params (the whole model) and params_per_rank (what one rank holds).
 
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --workers 1     # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node gpu src/train_FSDP.py --model vit --param-dtype bfloat16     # one process per GPU (nccl)
     torchrun --nproc-per-node gpu src/train_FSDP.py --model vit --dataset synthetic --batch-size 64 --max-steps 100
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --epochs 1
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --resume
-    diff src/train_DDP.py src/train_FSDP.py                                                # only the lines marked `# new #`
+    diff src/train_DDP.py src/train_FSDP.py                                              # only the lines marked `# new #`
 """
 # new # end
 
@@ -63,6 +70,8 @@ parser.add_argument(  # new #
     help="MixedPrecisionPolicy: the dtype blocks are gathered and run in (shards, optimizer, reduction: float32)",
 )
 args = common.parse_args(parser)
+if args.param_dtype == "bfloat16" and args.model not in ("vit", "mlp"):  # new #
+    parser.error(f"--param-dtype bfloat16 needs a model without BatchNorm (vit, mlp), not {args.model}")  # new #
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 if "LOCAL_RANK" not in os.environ:
     common.die(
@@ -96,8 +105,7 @@ else:
     # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
     test_set = torch.utils.data.Subset(test_set, range(rank, len(test_set), world_size))  # no padding: each image once
-    # (FSDP's forward is a collective: every rank must run as many test batches; 10,000 / world size in batches of
-    # 1,000 gives each rank the same number for any world size up to 10,000)
+    # (FSDP's forward is a collective: every rank must run as many test batches, or the extra ones hang)
     # new # end
     train_loader = DataLoader(
         train_set,
@@ -111,6 +119,12 @@ else:
         generator=generator,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
+# new # begin: every rank must run as many test batches (FSDP's forward all-gathers): else one line, not a hang
+counts = torch.tensor([len(test_loader), -len(test_loader)], device=device)
+dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+if counts[0] != -counts[1]:
+    common.die(f"the test shards make {-counts[1]}-{counts[0]} batches per rank: FSDP needs the same count everywhere")
+# new # end
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
@@ -122,6 +136,7 @@ elif args.sync_bn and master:
 mesh = init_device_mesh(device.type, (world_size,))  # 1-D: every parameter split in world_size shards (dim 0)
 param_dtype = getattr(torch, args.param_dtype)
 mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)  # gradients averaged in float32
+root_policy = MixedPrecisionPolicy(param_dtype, torch.float32, output_dtype=torch.float32)  # float32 logits: the loss
 if isinstance(model, torchvision.models.VisionTransformer):
     blocks = list(model.encoder.layers)  # EncoderBlock: attention + MLP
 elif isinstance(model, torchvision.models.ResNet):
@@ -130,7 +145,7 @@ else:
     blocks = []  # the small CNN and the MLP: the root is the only unit
 for block in blocks:  # one unit each: all-gathered before its forward and its backward, freed after them
     fully_shard(block, mesh=mesh, mp_policy=mp_policy)
-fully_shard(model, mesh=mesh, mp_policy=mp_policy)  # the root: the parameters no block holds (stem, head)
+fully_shard(model, mesh=mesh, mp_policy=root_policy)  # the root: the parameters no block holds (stem, head)
 params = sum(p.numel() for p in model.parameters())  # DTensors: numel() is the whole parameter's
 params_per_rank = sum(p.to_local().numel() for p in model.parameters())  # this rank's shards
 if master:
@@ -148,7 +163,8 @@ start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     # new # begin: last.pt says what made the run and how far it got; every rank reads its shards from the DCP folder
-    state = common.load_checkpoint(checkpoint, args, None, None, device)  # checks only: FSDP loads the shards below
+    state = common.load_checkpoint(checkpoint, args, None, None, "cpu")  # checks only: FSDP loads the shards below
+    del state["model"]  # the full model it holds is not kept on every rank
     # DCP loads into a template, only the keys it has: a schedule gives the param groups the keys it saved with them
     torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps)  # initial_lr, max_lr...
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, to be filled in place
@@ -195,9 +211,9 @@ for epoch in range(start_epoch, args.epochs):
             break
     meter.pause()  # synchronises: evaluation is not training time
 
-    # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
-    # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
-    for buffer in model.buffers():  # new # FSDP shards parameters, not buffers
+    # new # begin: BatchNorm's running statistics differ per rank (FSDP never broadcasts buffers; each rank's follow
+    # its own batches): evaluate rank 0's, which DCP and last.pt save, and which equal DDP's rank 0's
+    for buffer in model.buffers():
         dist.broadcast(buffer, src=0)
     # new # end
     val_loss, val_acc = common.evaluate(model, test_loader, device)  # new # FSDP's forward: every rank runs it

@@ -8,14 +8,16 @@ use_reentrant=False)` keeps only the block's input and, in backward, runs the bl
 tensors just before they are needed: activation memory falls from the sum over blocks to the blocks' inputs plus one
 block's tensors, for one extra forward of each checkpointed block (about a third more compute). That buys a larger
 batch, a longer sequence or a larger model on the same device; it is not a speed-up, and at a batch that fitted
-anyway it only costs time. The weights, the gradients and the updates are those of train.py, bit for bit
-(tests/test_equivalence.py). --recompute-every N checkpoints every N-th block (ViT encoder blocks, ResNet residual
-blocks): fewer recomputes, less saved. The metrics' activation_mib (what autograd kept for backward, measured with
+anyway it only costs time. The weights, the gradients and the updates are those of train.py: bit for bit with
+--deterministic on a CPU (tests/test_equivalence.py; on a GPU, nondeterministic kernels differ between any two runs).
+--recompute-every N checkpoints every N-th block (ViT encoder blocks, ResNet residual blocks): fewer recomputes, less
+memory saved. The metrics' activation_mib (what autograd kept for backward, measured with
 saved_tensors_hooks on a real step) and images/s, against train.py's at the same batch, are the trade.
 Pitfalls, and the line that avoids each:
-- Reentrant checkpointing (`use_reentrant=True`, the old default) runs backward inside backward: under DDP it fails
-  with "Expected to mark a variable ready only once", and it drops gradients of inputs that do not require grad.
-  Avoided by `use_reentrant=False` in the `checkpoint` call.
+- Reentrant checkpointing (`use_reentrant=True`, the old default) runs a nested backward per block: under DDP with
+  find_unused_parameters=True, or a block checkpointed twice, it fails with "Expected to mark a variable ready only
+  once"; and when no input of a block requires grad (the first block, fed the images), its parameters silently get no
+  gradient. Avoided by `use_reentrant=False` in the `checkpoint` call.
 - Dropout draws other random numbers on the recompute unless the RNG state is restored: `checkpoint` does that by
   default (preserve_rng_state=True); keep it so. (This ViT has no dropout, the ResNets none either.)
 - BatchNorm updates its running statistics on every forward, so a recompute would update them twice (the ResNets):
@@ -36,8 +38,8 @@ import functools  # new #
 
 import torch
 import torch.nn as nn
+import torch.utils.checkpoint  # new # (not `from ... import checkpoint`: train.py's `checkpoint` is the last.pt path)
 import torchvision  # new #
-from torch.utils.checkpoint import checkpoint  # new #
 from torch.utils.data import DataLoader
 
 import common
@@ -94,9 +96,9 @@ else:
 checkpointed = blocks[:-1][:: args.recompute_every]  # never the last block: recomputing it saves nothing
 for block in checkpointed:  # block(x) now calls checkpoint(original forward, x); the state dict keeps its keys
     block.forward = functools.partial(
-        checkpoint,
+        torch.utils.checkpoint.checkpoint,
         block.forward,
-        use_reentrant=False,  # the non-reentrant implementation: works under DDP and torch.compile
+        use_reentrant=False,  # the non-reentrant implementation: works under DDP, keeps every gradient
         context_fn=functools.partial(lambda b: (contextlib.nullcontext(), buffers_restored(b)), block),
     )
 print(f"activation checkpointing: {len(checkpointed)} of {len(blocks)} blocks", flush=True)

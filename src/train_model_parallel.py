@@ -4,9 +4,10 @@
 When a model does not fit in one GPU's memory, put its first blocks on cuda:0 and the rest on cuda:1 and move the
 activations between them: each GPU holds its stage's weights, gradients and optimizer state. The cut falls between
 blocks (a Sequential's layers; a ResNet's stem layers, each residual block of layer1-4, the pooling and fc; a ViT's
-patch embedding, each encoder block, the final norm and the head), never inside one, where --balance says the two stages are most even: `params` (default; the reason to split is memory) or
-`flops` (forward FLOPs counted with torch.utils.flop_counter.FlopCounterMode on one image, which counts matmuls and
-convolutions, not elementwise ops: stages that take similar time, for pipeline speed). Both stages' parameters and
+patch embedding, each encoder block, the final norm and the head), never inside one, where --balance says the two
+stages are most even: `params` (default; the reason to split is memory) or `flops` (forward FLOPs counted with
+torch.utils.flop_counter.FlopCounterMode on one image, which counts matmuls, convolutions and attention, not
+elementwise ops: stages that take similar time, for pipeline speed). Both stages' parameters and
 forward GFLOPs are printed and in the metrics (stage_params, stage_gflops). How even a cut can be depends on the
 model: ResNet-18 at 28 px splits 6,447,040 / 4,725,770 parameters by `params` (0.76 / 0.15 forward GFLOPs), 674,240 /
 10,498,570 by `flops` (0.44 / 0.47); the small CNN, whose one Linear layer holds 95 % of the weights, no better than

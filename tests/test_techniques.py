@@ -175,3 +175,10 @@ def test_vit_image_side_that_is_not_a_multiple_of_its_patch_is_a_usage_error():
     proc = run("src/train.py", "--device", "cpu", "--model", "vit", "--dataset", "synthetic", "--image-size", "30")
     assert_one_line_error(proc, "--model vit cuts images into 4 px patches: --image-size 30 is not a multiple")
     assert proc.returncode == 2
+
+
+def test_fsdp_bfloat16_with_batchnorm_is_a_usage_error():
+    """BatchNorm's float32 running statistics do not run with FSDP's bfloat16 parameters: refused before launching."""
+    proc = run("src/train_FSDP.py", "--device", "cpu", "--model", "resnet18", "--param-dtype", "bfloat16")
+    assert_one_line_error(proc, "--param-dtype bfloat16 needs a model without BatchNorm (vit, mlp), not resnet18")
+    assert proc.returncode == 2
