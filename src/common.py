@@ -660,7 +660,7 @@ class Meter:
         """The pack hook: record the storage of a tensor saved for backward, unless it is a parameter or a view of
         one (nn.Linear saves `weight.t()`), and keep the tensor."""
         base = tensor._base if tensor._base is not None else tensor
-        if not (base.is_leaf and base.requires_grad):
+        if not (tensor.is_leaf and tensor.requires_grad) and not (base.is_leaf and base.requires_grad):
             try:
                 storage = tensor.untyped_storage()
             except (RuntimeError, NotImplementedError):  # a sparse tensor or a subclass without one storage

@@ -122,8 +122,9 @@ else:
 # new # begin: every rank must run as many test batches (FSDP's forward all-gathers): else one line, not a hang
 counts = torch.tensor([len(test_loader), -len(test_loader)], device=device)
 dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-if counts[0] != -counts[1]:
-    common.die(f"the test shards make {-counts[1]}-{counts[0]} batches per rank: FSDP needs the same count everywhere")
+most, fewest = counts[0].item(), -counts[1].item()
+if most != fewest:
+    common.die(f"the test shards make {fewest}-{most} batches per rank: FSDP needs the same count everywhere")
 # new # end
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
@@ -164,7 +165,7 @@ checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     # new # begin: last.pt says what made the run and how far it got; every rank reads its shards from the DCP folder
     state = common.load_checkpoint(checkpoint, args, None, None, "cpu")  # checks only: FSDP loads the shards below
-    del state["model"]  # the full model it holds is not kept on every rank
+    state.pop("model", None)  # the full model it holds is not kept on every rank
     # DCP loads into a template, only the keys it has: a schedule gives the param groups the keys it saved with them
     torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps)  # initial_lr, max_lr...
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, to be filled in place
