@@ -86,6 +86,11 @@ def buffers_restored(block):
             buffer.copy_(value)
 
 
+def recompute_contexts(block):
+    """checkpoint's context_fn: nothing around the forward; around the recompute, `buffers_restored(block)`."""
+    return contextlib.nullcontext(), buffers_restored(block)
+
+
 if isinstance(model, torchvision.models.VisionTransformer):
     blocks = list(model.encoder.layers)  # EncoderBlock: attention + MLP, (N, tokens, width) in and out
 elif isinstance(model, torchvision.models.ResNet):
@@ -99,7 +104,7 @@ for block in checkpointed:  # block(x) now calls checkpoint(original forward, x)
         torch.utils.checkpoint.checkpoint,
         block.forward,
         use_reentrant=False,  # the non-reentrant implementation: works under DDP, keeps every gradient
-        context_fn=functools.partial(lambda b: (contextlib.nullcontext(), buffers_restored(b)), block),
+        context_fn=functools.partial(recompute_contexts, block),
     )
 print(f"activation checkpointing: {len(checkpointed)} of {len(blocks)} blocks", flush=True)
 # new # end
