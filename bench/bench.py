@@ -721,10 +721,11 @@ def _training_table(summary: pd.DataFrame) -> str:
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format="png", dpi=120, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    """Write `fig` to `path` as PNG, atomically (`common.atomic_write`: raises WriteFailed when it cannot)."""
+    try:
+        common.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> None:
@@ -970,6 +971,9 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
+    except common.WriteFailed as error:  # disk full, I/O error: the file named, its previous version left as it was
+        print(f"bench.py: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
     except KeyboardInterrupt:  # Ctrl-C before the matrix starts (reading the profile, the environment): no run yet
         print("bench.py: interrupted before any run (Ctrl-C)", file=sys.stderr)
         raise SystemExit(130) from None

@@ -262,4 +262,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except common.WriteFailed as error:  # disk full, I/O error: the file named, its previous version left as it was
+        print(f"diff_pages.py: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None

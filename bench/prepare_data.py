@@ -159,4 +159,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except common.WriteFailed as error:  # disk full, I/O error: the file named, its previous version left as it was
+        print(f"prepare_data.py: error: {error}", file=sys.stderr)
+        raise SystemExit(1) from None
+    except OSError as error:  # an image (PIL) on a full disk: the set stays unmarked (no .complete), redone next run
+        reason = error.strerror or common.first_line(error)
+        print(f"prepare_data.py: error: cannot write {error.filename or 'an image'} ({reason})", file=sys.stderr)
+        raise SystemExit(1) from None

@@ -20,10 +20,12 @@ import pickle
 import platform
 import random
 import resource
+import signal
 import socket
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -45,6 +47,10 @@ GIB = 1024**3
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # what both loaders read (DALI's file reader skips other files too)
 MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit"]
+# What this process's run did with its checkpoints and signals, for its closing report and its exit status: the
+# checkpoint writes that failed (their one-line messages), the last checkpoint written (path, step), and the step a
+# SIGTERM stopped the run at (`Preemption`).
+RUN = {"failed_writes": [], "saved": None, "stopped_at": None}
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -283,7 +289,8 @@ def seed_everything(seed: int, deterministic: bool = False) -> torch.Generator:
     (deterministic kernels where torch has them; an op without one warns once naming itself instead of stopping the
     run), cuDNN without autotuning (`benchmark = False`, `deterministic = True`) and the cuBLAS workspace setting
     CUDA >= 10.2 needs (`CUBLAS_WORKSPACE_CONFIG=:4096:8`, set before the first cuBLAS call). DataLoader workers are
-    seeded by `seed_worker` and the returned generator either way, so two runs with the same seed see the same batches.
+    seeded by `seed_worker` from torch's global generator, seeded here; the returned generator is the shuffle's (the
+    scripts reseed it with seed + epoch at each epoch), so two runs with the same seed see the same batches.
     """
     random.seed(seed)
     np.random.seed(seed)
@@ -300,11 +307,26 @@ def seed_worker(worker_id: int) -> None:
     """DataLoader `worker_init_fn`: seed NumPy and `random` in each worker from torch's per-worker seed.
 
     torch seeds each worker as base_seed + worker_id, but not NumPy or `random`; this is the recipe from
-    https://pytorch.org/docs/stable/notes/randomness.html#dataloader.
+    https://pytorch.org/docs/stable/notes/randomness.html#dataloader. It also makes the worker ignore SIGTERM
+    from any process but the main one: a preemption signal sent to every process of a job must not kill the workers
+    while the main process finishes its step (`Preemption`); the main process's SIGTERM at its exit ends them.
     """
     worker_seed = torch.initial_seed() % 2**32
     np.random.seed(worker_seed)
     random.seed(worker_seed)
+    # SIGTERM from another process than the main one (Slurm signals every process of a job, `timeout` its group)
+    # must not kill this worker while the main process finishes its step (`Preemption`); the main process's own
+    # SIGTERM, at its exit, still ends it. A thread waits for the blocked signal, which says who sent it.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_on_sigterm_from(parent: int) -> None:
+    """A DataLoader worker's SIGTERM, as torch's own handler treats it (torch/csrc/DataLoader.cpp) but ignored, not
+    fatal, when another process than `parent` sent it: exit at once when the main process sends it."""
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)
 
 
 def get_device(choice: str = "auto") -> torch.device:
@@ -931,13 +953,67 @@ def environment() -> dict:
     }
 
 
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write `text` to `path` through a temporary file and a rename, so readers never see half a file."""
+class WriteFailed(OSError):
+    """A file could not be written (disk full, I/O error, its folder removed, a file size limit). Its message is one
+    line that names the file and the operating system's error, e.g. "cannot write ck/last.pt (No space left on
+    device)"; `path` and `reason` hold the two parts. `atomic_write` raises it after removing its temporary file, so
+    the file that was there before is left as it was."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"cannot write {path} ({reason})")
+        self.path, self.reason = Path(path), reason
+
+
+def _os_error(error: BaseException) -> OSError | None:
+    """The OSError behind `error`: itself, or one in its chain of causes (torch.save reports a failed write of a
+    Python file object as a RuntimeError whose context is the OSError)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OSError):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def atomic_write(path: Path, write) -> None:
+    """Write `path` through a temporary file beside it (`.NAME.PID.tmp`): `write(f)` fills the binary file object
+    `f`, which is then flushed, fsync'ed (the bytes are on disk before the rename) and renamed over `path`
+    (`os.replace`, atomic on POSIX; the folder is fsync'ed after it). Readers never see half a file, and a process killed at any moment leaves either
+    the old file or the new one (the temporary file of a SIGKILLed writer can stay: `save_checkpoint` removes those).
+
+    Raises WriteFailed when the write fails with an OSError (ENOSPC, EIO, EFBIG under a file size limit, a vanished
+    folder), directly or behind another exception (torch.save); anything else (a bug, Ctrl-C) is re-raised as it
+    is. Either way the temporary file is removed first and `path` keeps what it held.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(tmp, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)  # the rename itself on disk, so that a crash right after keeps the new file
+        finally:
+            os.close(folder)
+    except BaseException as error:
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:
+            pass  # the folder itself is gone: no temporary file left either
+        cause = _os_error(error) if isinstance(error, Exception) else None
+        if cause is not None:
+            raise WriteFailed(path, cause.strerror or first_line(cause)) from None
+        raise
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` (UTF-8) to `path` with `atomic_write`; raises WriteFailed (one line) when it cannot."""
+    atomic_write(path, lambda f: f.write(text.encode()))
 
 
 def write_metrics(path: Path | None, **fields) -> dict:
@@ -951,15 +1027,15 @@ def write_metrics(path: Path | None, **fields) -> dict:
     text = json.dumps(record, indent=2, default=str) + "\n"
     try:
         atomic_write_text(path, text)
-    except OSError as error:
+    except WriteFailed as error:
         fallback = Path.cwd() / f"metrics-{os.getpid()}.json"
         try:
             atomic_write_text(fallback, text)
             where = f"written to {fallback} instead (and printed above)"
-        except OSError:
+        except WriteFailed:
             where = "printed above"
         print(text, flush=True)
-        die(f"cannot write --metrics-out {path} ({error.strerror}); the run's metrics are {where}", code=1)
+        die(f"cannot write --metrics-out {path} ({error.reason}); the run's metrics are {where}", code=1)
     return record
 
 
@@ -972,8 +1048,9 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     CUDA, 0 on CPU), global_batch (default batch x world size), model, dataset; `compile_s` for compiled models;
     and anything else to record (loader, workers, ...). Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
-    `time_to_target_incl_compile_s` with it), and the resolved arguments (`args`, every flag with its default).
-    The metrics JSON keys are listed in the README ("Metrics").
+    `time_to_target_incl_compile_s` with it), the resolved arguments (`args`, every flag with its default), and the
+    run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
+    `failed_writes`). The metrics JSON keys are listed in the README ("Metrics").
     """
     device = torch.device(fields.pop("device"))
     world_size = fields.setdefault("world_size", 1)
@@ -1003,8 +1080,18 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
         time_to_target_s=reached[0]["train_s"] - compile_s if reached else None,
         time_to_target_incl_compile_s=reached[0]["train_s"] if reached else None,
         args={key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
-        status="ok",
+        status=run_status(),
+        stopped_at_step=RUN["stopped_at"],
+        failed_writes=RUN["failed_writes"],
     )
+
+
+def run_status() -> str:
+    """The metrics' `status`: "ok"; "terminated" (SIGTERM stopped the run, `Preemption`); or "checkpoint not
+    written" (a checkpoint write failed: the run trained on and reports its numbers, `save_checkpoint`)."""
+    if RUN["failed_writes"]:
+        return "checkpoint not written"
+    return "terminated" if RUN["stopped_at"] is not None else "ok"
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1076,7 +1163,7 @@ def _shown(value) -> str:
 def save_checkpoint(
     path: Path, args: argparse.Namespace, model: nn.Module | dict, optimizer: torch.optim.Optimizer | None, epoch: int,
     step: int, **extra,
-) -> None:  # fmt: skip
+) -> bool:  # fmt: skip
     """Save model and optimizer state, the number of finished `epoch`s, the global `step` and `extra` to `path`.
 
     `model` is a module or its state dict (FSDP gathers a full one); `optimizer` None leaves the optimizer's state out
@@ -1085,11 +1172,15 @@ def save_checkpoint(
     `extra` holds state holders (objects with a state_dict, e.g. scaler=GradScaler: their state_dict is saved) and
     plain values (sampler_epoch=3). The file also holds its format version (CHECKPOINT_FORMAT) and what made it
     (`checkpoint_origin(args, ...)`), which `load_checkpoint` checks. Written atomically: a temporary file, then a
-    rename, so a kill during the write leaves the previous checkpoint whole (tests/test_faults.py kills a writer);
-    temporary files that killed writers left behind are removed. Pass the bare model (`model.module` for DP / DDP).
+    rename (`atomic_write`), so a kill during the write leaves the previous checkpoint whole (tests/test_faults.py
+    kills a writer); temporary files that killed writers left behind are removed. Pass the bare model (`model.module`
+    for DP / DDP).
+
+    A write that fails (disk full, I/O error: `WriteFailed`) removes its temporary file, leaves the previous
+    checkpoint as it was, prints one line on stderr naming the file and the OS error, and returns False: the run goes
+    on, so that its numbers are not lost, and `Preemption.exit` ends it with status 1. Returns True once written.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     holders = {name: value for name, value in extra.items() if hasattr(value, "state_dict")}
     state = {
         "format": CHECKPOINT_FORMAT,
@@ -1100,13 +1191,23 @@ def save_checkpoint(
         "step": step,
         **{name: value.state_dict() if name in holders else value for name, value in extra.items()},
     }
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
         pid = stale.name.split(".")[-2]
         if pid.isdigit() and not _alive(int(pid)):  # left by a writer killed mid-write
             stale.unlink(missing_ok=True)
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda f: torch.save(state, f))
+    except WriteFailed as error:
+        RUN["failed_writes"].append(str(error))
+        print(
+            f"{Path(sys.argv[0]).name}: error: {error}; the previous checkpoint is left as it was, training goes on "
+            "and the run will exit 1",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    RUN["saved"] = (path, step)
+    return True
 
 
 def load_checkpoint(
@@ -1159,6 +1260,7 @@ def load_checkpoint(
             holder.load_state_dict(state[name])
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
         die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
+    RUN["saved"] = (Path(path), state["step"])  # what the file on disk holds, until the next save
     return state
 
 
@@ -1174,6 +1276,83 @@ def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     raise SystemExit(0)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Preemption: SIGTERM stops a run at a step boundary, saved
+
+
+class Preemption:
+    """What a training loop does with SIGTERM, the signal Slurm (`#SBATCH --signal=TERM@120`), Kubernetes, `timeout`
+    and torchrun (passing on its own) send before they kill a job: finish the step in flight, save, leave.
+
+    Creating it installs the SIGTERM handler, which only sets a flag: the step in flight runs to its end. Use:
+    `if preemption.requested(step): break` at the top of each step, then, after the loop, save a checkpoint at that
+    step boundary and skip the evaluation when `preemption.stopped_at` is set; `report` writes the metrics of what
+    finished with status "terminated"; `preemption.exit()` as the script's last line prints one line and exits 143
+    (128 + 15, the shell's code for SIGTERM). A second SIGTERM ends the process at once, as without the handler; one
+    that comes within a second of the first is the same signal passed on, not a second one (Slurm signals every
+    process of a job step, torchrun too, and torchrun passes it on to its workers at once).
+
+    Under torch.distributed (created after `init_process_group`, by every rank), `requested` all-reduces the flag
+    (MAX) at every step boundary, so every rank stops at the same step even when the signal reaches them at different
+    moments, and no rank is left waiting in a collective the others will never join. The all-reduce runs on a gloo
+    group of CPU tensors (a new one when the default group is NCCL): it never synchronises a GPU stream; on 2 CPU
+    processes it costs about 0.1 ms a step. DataLoader workers ignore SIGTERM (`seed_worker`): a signal sent to the
+    whole process group (Slurm, `timeout`) must not kill them under a main process that is still finishing its step.
+    """
+
+    def __init__(self):
+        self._signalled = 0.0  # when the first SIGTERM came (time.monotonic), 0 before
+        self.stopped_at = None  # the step the run stopped at, once `requested` said so
+        signal.signal(signal.SIGTERM, self._handle)
+        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        self._group = None
+        self._master = not distributed or dist.get_rank() == 0  # the one that prints
+        if distributed:
+            self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
+
+    def _handle(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self._signalled and now - self._signalled > 1.0:  # a second SIGTERM: die of it now
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        self._signalled = self._signalled or now  # (seconds; within 1 s of the first, the same signal passed on)
+
+    def requested(self, step: int) -> bool:
+        """Whether the run stops before its next step: True once this process (or, under torch.distributed, any
+        rank) got SIGTERM. Records `step` (the global step count so far: the boundary) in `stopped_at` and in
+        RUN["stopped_at"], which `report` reads."""
+        stop = bool(self._signalled)
+        if self._group is not None:
+            flag = torch.tensor([int(stop)])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+            stop = bool(flag.item())
+        if stop and self.stopped_at is None:
+            self.stopped_at = RUN["stopped_at"] = step
+        return stop
+
+    def exit(self) -> None:
+        """The script's last line. After a failed checkpoint write (its line was printed then): exit 1. After a
+        SIGTERM that stopped the run: rank 0 prints "terminated by SIGTERM at step N; ..." on stderr, saying which
+        checkpoint holds that step (resume with --resume) or that none does, and every rank exits 143. Otherwise
+        (a SIGTERM that came after the last step changes nothing) it returns."""
+        if RUN["failed_writes"]:
+            raise SystemExit(1)
+        step = RUN["stopped_at"]
+        if step is None:
+            return
+        if self._master:
+            saved = RUN["saved"]
+            where = (
+                f"{saved[0]} holds it: resume with --resume"
+                if saved and saved[1] == step
+                else "no --checkpoint-dir, so nothing to resume from"
+            )
+            print(
+                f"{Path(sys.argv[0]).name}: terminated by SIGTERM at step {step}; {where}", file=sys.stderr, flush=True
+            )
+        raise SystemExit(143)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -1276,13 +1455,16 @@ def _is_out_of_memory(kind, value) -> bool:
 def _report_user_errors(kind, value, traceback) -> None:
     """sys.excepthook: one line on stderr, no traceback, for what the user can fix or caused.
 
-    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. Out of memory: exit 3, with the first
+    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. A file that cannot be written
+    (WriteFailed: "cannot write PATH (No space left on device)"): exit 1. Out of memory: exit 3, with the first
     line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
     Anything else is a bug and keeps its traceback.
     """
     if issubclass(kind, BadImage):
         # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
         die(str(value).strip().splitlines()[-1].removeprefix("common.BadImage: "))
+    if issubclass(kind, WriteFailed):
+        die(str(value), code=1)
     if _is_out_of_memory(kind, value):
         die(f"out of memory ({first_line(value)}); lower --batch-size (or --image-size, --workers)", code=3)
     if issubclass(kind, KeyboardInterrupt):

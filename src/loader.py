@@ -14,6 +14,8 @@ rows measure the input at a compute rate where it matters.
     python src/loader.py --data-dir /datasets/imagenet --image-size 224 --model resnet50   # any ImageFolder
 """
 
+import itertools
+
 import torch
 import torch.nn as nn
 from torch.utils.data import DataLoader
@@ -53,18 +55,24 @@ val_set = datasets.ImageFolder(
     ),
     loader=common.load_rgb,
 )
+sampler = torch.utils.data.RandomSampler(train_set, generator=generator)  # the shuffle, reseeded every epoch
 train_loader = DataLoader(
     train_set,
     batch_size=args.batch_size,
-    shuffle=True,
+    sampler=sampler,
     drop_last=True,  # every step sees a full batch, so step times compare
     num_workers=args.workers,
     pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
     persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
     worker_init_fn=common.seed_worker,
-    generator=generator,
 )
-val_loader = DataLoader(val_set, batch_size=args.batch_size, num_workers=args.workers, pin_memory=device.type == "cuda")
+val_loader = DataLoader(
+    val_set,
+    batch_size=args.batch_size,
+    num_workers=args.workers,
+    pin_memory=device.type == "cuda",
+    worker_init_fn=common.seed_worker,  # also: a SIGTERM to every process of the job must not kill them mid-evaluation
+)
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -87,16 +95,21 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
 mode = "loader only" if args.loader_only else f"training {args.model}"
 print(f"{mode} on {args.data_dir} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
+    generator.manual_seed(args.seed + epoch)  # the epoch's order depends on seed and epoch only: a resume repeats it
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     label_counts = torch.zeros(len(classes), dtype=torch.long, device=device)  # what the loader delivered
     epoch_steps = 0
-    for images, labels in meter.loader(train_loader):
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
         images = images.to(device, non_blocking=True, memory_format=memory_format)
         labels = labels.to(device, non_blocking=True)
         label_counts.index_add_(0, labels, torch.ones_like(labels))  # no sync, unlike bincount on a GPU
@@ -118,6 +131,10 @@ for epoch in range(start_epoch, args.epochs):
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint:
+            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step, scaler=scaler)  # `epoch` finished
+        break
 
     val_loss, val_acc = (None, None) if args.loader_only else common.evaluate(model, val_loader, device)
     train_loss = None if args.loader_only else loss_sum / max(epoch_steps, 1)
@@ -154,3 +171,4 @@ common.report(
     params=None if args.loader_only else sum(p.numel() for p in model.parameters()),  # the model's parameters
     test_images=len(val_set),
 )
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

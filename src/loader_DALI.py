@@ -29,6 +29,7 @@ Needs `pip install nvidia-dali-cuda120`.
 """
 # new # end
 
+import itertools
 import os  # new #
 
 import torch
@@ -157,6 +158,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
 mode = "loader only" if args.loader_only else f"training {args.model}"
 if rank == 0:  # new #
@@ -164,10 +166,15 @@ if rank == 0:  # new #
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
+    # new # DALI's reader shuffles with its own generator, started afresh in each process: a resumed epoch skips as
+    # new # many batches as were done, but of another order (train.py's resume repeats the order)
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     label_counts = torch.zeros(len(classes), dtype=torch.long, device=device)  # what the loader delivered
     epoch_steps = 0
-    for images, labels in meter.loader(train_loader):
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
         images = images.to(device, non_blocking=True, memory_format=memory_format)
         labels = labels.to(device, non_blocking=True)
         label_counts.index_add_(0, labels, torch.ones_like(labels))  # no sync, unlike bincount on a GPU
@@ -189,6 +196,10 @@ for epoch in range(start_epoch, args.epochs):
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint and rank == 0:  # new # every rank stops at this step; rank 0 writes
+            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step, scaler=scaler)  # `epoch` finished
+        break
 
     val_loss, val_acc = (None, None) if args.loader_only else common.evaluate(model, val_loader, device)
     train_loss = None if args.loader_only else loss_sum / max(epoch_steps, 1)
@@ -234,3 +245,4 @@ if rank == 0:  # new # only rank 0 writes
         params=None if args.loader_only else sum(p.numel() for p in model.parameters()),  # the model's parameters
         test_images=val_loader.pipeline.epoch_size("Reader"),  # new # files in val/, like len(val_set)
     )
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

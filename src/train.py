@@ -9,7 +9,13 @@ src/train_channels_last.py` the next one (each variant names its base in its doc
     python src/train.py --model resnet18 --epochs 8 --batch-size 256 --workers 8 --lr 2e-3 --target-acc 0.93
     python src/train.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # compute ceiling
     python src/train.py --checkpoint-dir ckpt --epochs 1 && python src/train.py --checkpoint-dir ckpt --resume
+    timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt; python src/train.py --checkpoint-dir ckpt --resume
+
+SIGTERM (a preempted job: Slurm, Kubernetes, `timeout`) stops the run at the next step boundary: it saves last.pt
+there, writes the metrics of what finished, says so in one line and exits 143; --resume continues from that step.
 """
+
+import itertools
 
 import torch
 import torch.nn as nn
@@ -27,16 +33,16 @@ if args.dataset == "synthetic":
     train_loader, test_loader = common.synthetic_data(args, device)
 else:
     train_set, test_set = common.load_data(args)
+    sampler = torch.utils.data.RandomSampler(train_set, generator=generator)  # the shuffle, reseeded every epoch
     train_loader = DataLoader(
         train_set,
         batch_size=args.batch_size,
-        shuffle=True,
+        sampler=sampler,
         drop_last=True,  # every step sees a full batch, so step times compare
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
         worker_init_fn=common.seed_worker,
-        generator=generator,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 
@@ -60,14 +66,19 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
+    generator.manual_seed(args.seed + epoch)  # the epoch's order depends on seed and epoch only: a resume repeats it
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    for images, labels in meter.loader(train_loader):
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -87,6 +98,10 @@ for epoch in range(start_epoch, args.epochs):
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint:
+            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step)  # `epoch` epochs finished
+        break
 
     val_loss, val_acc = common.evaluate(model, test_loader, device)
     epochs.append(
@@ -112,3 +127,4 @@ common.report(
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

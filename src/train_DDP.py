@@ -22,6 +22,7 @@ worker (mid-epoch checkpoints, torchrun --max-restarts) is the next lesson: trai
 """
 # new # end
 
+import itertools
 import os  # new #
 
 import torch
@@ -76,13 +77,12 @@ else:
     train_loader = DataLoader(
         train_set,
         batch_size=args.batch_size,
-        sampler=sampler,  # new # instead of shuffle=True: the sampler shuffles
+        sampler=sampler,
         drop_last=True,  # every step sees a full batch, so step times compare
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
         worker_init_fn=common.seed_worker,
-        generator=generator,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 
@@ -114,17 +114,22 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
+test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
-    if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
+    if sampler is not None:  # new # the epoch's shuffle (seed + epoch), the same permutation on every rank
         sampler.set_epoch(epoch)  # new #
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    for images, labels in meter.loader(train_loader):
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -144,6 +149,10 @@ for epoch in range(start_epoch, args.epochs):
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint and master:  # new # every rank stops at this step; rank 0 writes
+            common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch, step)  # new # `epoch` finished
+        break
 
     # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
     # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
@@ -185,3 +194,4 @@ if master:  # new #
         test_images=test_images,  # new # summed over the ranks' shards
     )
 dist.destroy_process_group()  # new # leave the group cleanly before exiting
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

@@ -26,10 +26,17 @@ Connection refused`, pytorch/pytorch#135712); with the variable each attempt get
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --max-restarts 1 src/train_DDP_elastic.py \
         --device cpu --workers 1 --checkpoint-dir ckpt --checkpoint-every 50 --resume
     diff src/train_DDP.py src/train_DDP_elastic.py                  # only the lines marked `# new #`
+
+A preemption (every script, from train.py): SIGTERM stops the run at the next step boundary, every rank at the same
+step; rank 0 saves last.pt there, says so in one line and the ranks exit 143 (torchrun, signalled too, prints its own
+traceback and exits 1). Slurm sends SIGTERM 120 s before a job's time is up, and requeues a preempted job, with:
+    #SBATCH --signal=TERM@120
+    #SBATCH --requeue
+    srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu ... src/train_DDP_elastic.py --checkpoint-dir ck --resume
 """
 # new # end
 
-import itertools  # new #
+import itertools
 import os  # new #
 
 import torch
@@ -102,13 +109,12 @@ else:
     train_loader = DataLoader(
         train_set,
         batch_size=args.batch_size,
-        sampler=sampler,  # new # instead of shuffle=True: the sampler shuffles
+        sampler=sampler,
         drop_last=True,  # every step sees a full batch, so step times compare
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
         worker_init_fn=common.seed_worker,
-        generator=generator,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 
@@ -142,14 +148,16 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = epochs_before  # new #
+test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
-    done = max(0, step - epoch * len(train_loader))  # new # steps this epoch ran before a restart (else 0)
-    if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
+    done = max(0, step - epoch * len(train_loader))  # new # moved up: the sampler starts after the done steps' samples
+    if sampler is not None:  # new # the epoch's shuffle (seed + epoch), the same permutation on every rank
         sampler.set_epoch(epoch)  # new #
         sampler.start = done * args.batch_size  # new # skip the samples of the done steps: none is loaded again
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
@@ -159,6 +167,8 @@ for epoch in range(start_epoch, args.epochs):
     logits = None  # new # a checkpoint at an epoch's last step leaves no step to run before its evaluation
     # new # the sampler skips the done steps' samples; synthetic data has no sampler: stop after the steps left
     for images, labels in meter.loader(itertools.islice(train_loader, len(train_loader) - done)):  # new #
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -186,6 +196,12 @@ for epoch in range(start_epoch, args.epochs):
             print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
         # new # end
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint and master:  # new # every rank stops at this step; rank 0 writes
+            common.save_checkpoint(  # new # with what a restart needs, as the mid-epoch checkpoints above
+                checkpoint, args, model.module, optimizer, epoch, step, epochs=epochs, epoch_loss_sum=loss_sum
+            )
+        break
 
     # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
     # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
@@ -229,3 +245,4 @@ if master:  # new #
         test_images=test_images,  # new # summed over the ranks' shards
     )
 dist.destroy_process_group()  # new # leave the group cleanly before exiting
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

@@ -35,6 +35,7 @@ metrics carry params (the whole model) and params_per_rank (what one rank holds)
 """
 # new # end
 
+import itertools
 import os  # new #
 import shutil  # new #
 
@@ -110,13 +111,12 @@ else:
     train_loader = DataLoader(
         train_set,
         batch_size=args.batch_size,
-        sampler=sampler,  # new # instead of shuffle=True: the sampler shuffles
+        sampler=sampler,
         drop_last=True,  # every step sees a full batch, so step times compare
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
         worker_init_fn=common.seed_worker,
-        generator=generator,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 # new # begin: every rank must run as many test batches (FSDP's forward all-gathers): else one line, not a hang
@@ -179,19 +179,43 @@ if args.resume and checkpoint.exists():
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
+
+# new # begin: every rank writes its shards (DCP), then rank 0 the full model and the pointer to them (last.pt)
+saved_step = step if step else None  # the step the checkpoint on disk holds (a resumed one's), on every rank
+
+
+def save_sharded(epochs_done: int) -> None:
+    global saved_step
+    saved_step, folder = step, f"sharded-step{step}"
+    model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, keyed like train.py's
+    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / folder)
+    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if master:  # full: all-gathered onto rank 0's host memory (empty on the other ranks)
+        if common.save_checkpoint(checkpoint, args, full, None, epochs_done, step, sharded=folder):  # the new one...
+            for old in args.checkpoint_dir.glob("sharded-step*"):  # ... then the old ones go
+                if old.name != folder:
+                    shutil.rmtree(old, ignore_errors=True)
+
+
+# new # end
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
+test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
-    if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
+    if sampler is not None:  # new # the epoch's shuffle (seed + epoch), the same permutation on every rank
         sampler.set_epoch(epoch)  # new #
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    for images, labels in meter.loader(train_loader):
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         logits = model(images)
@@ -211,6 +235,12 @@ for epoch in range(start_epoch, args.epochs):
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        # new # every rank writes its shards, unless last.pt's hold this step already (rewriting them in place would
+        # new # put the only checkpoint at risk): a SIGTERM during an epoch-end save or right after a resume
+        if checkpoint and step != saved_step:  # new #
+            save_sharded(epoch)  # new # `epoch` epochs finished
+        break
 
     # new # begin: BatchNorm's running statistics differ per rank (FSDP never broadcasts buffers; each rank's follow
     # its own batches): evaluate rank 0's, which DCP and last.pt save, and which equal DDP's rank 0's
@@ -229,18 +259,8 @@ for epoch in range(start_epoch, args.epochs):
     )
     if master:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
-    # new # begin: every rank writes its shards (DCP), then rank 0 the full model and the pointer to them (last.pt)
-    if checkpoint:
-        folder = f"sharded-step{step}"
-        model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, keyed like train.py's
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / folder)
-        full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-        if master:  # full: all-gathered onto rank 0's host memory (empty on the other ranks)
-            common.save_checkpoint(checkpoint, args, full, None, epoch + 1, step, sharded=folder)  # the new one...
-            for old in args.checkpoint_dir.glob("sharded-step*"):  # ... then the old ones go
-                if old.name != folder:
-                    shutil.rmtree(old, ignore_errors=True)
-    # new # end
+    if checkpoint:  # new # not rank 0 only: every rank writes its shards
+        save_sharded(epoch + 1)  # new # every rank writes its shards, rank 0 last.pt
     if step == total_steps:
         break
 
@@ -263,3 +283,4 @@ if master:  # new #
         test_images=test_images,  # new # summed over the ranks' shards
     )
 dist.destroy_process_group()  # new # leave the group cleanly before exiting
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

@@ -24,7 +24,7 @@ backward would throw the accumulated gradients away; no_sync around the forward 
 # new # end
 
 import contextlib  # new #
-import itertools  # new #
+import itertools
 import os  # new #
 
 import torch
@@ -86,13 +86,12 @@ else:
     train_loader = DataLoader(
         train_set,
         batch_size=args.batch_size,
-        sampler=sampler,  # new # instead of shuffle=True: the sampler shuffles
+        sampler=sampler,
         drop_last=True,  # every step sees a full batch, so step times compare
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
         worker_init_fn=common.seed_worker,
-        generator=generator,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 
@@ -141,18 +140,24 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
+test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
-    if sampler is not None:  # new # a new shuffle every epoch, the same permutation on every rank
+    if sampler is not None:  # new # the epoch's shuffle (seed + epoch), the same permutation on every rank
         sampler.set_epoch(epoch)  # new #
+    done = max(0, step - epoch * steps_per_epoch)  # new # optimizer steps (K micro-batches) a preempted run took
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    micro_batches = itertools.islice(train_loader, steps_per_epoch * args.accum_steps)  # new # whole groups of K only
+    # new # whole groups of K only, after the done steps' micro-batches (loaded, dropped)
+    micro_batches = itertools.islice(train_loader, done * args.accum_steps, steps_per_epoch * args.accum_steps)  # new #
     for micro, (images, labels) in enumerate(meter.loader(micro_batches), start=1):  # new # count the micro-batches
+        if (micro - 1) % args.accum_steps == 0 and preemption.requested(step):  # new # between optimizer steps only
+            break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
         sync = micro % args.accum_steps == 0 or args.all_reduce_every_micro_batch  # new # all-reduce at the K-th
@@ -176,6 +181,10 @@ for epoch in range(start_epoch, args.epochs):
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint and master:  # new # every rank stops at this step; rank 0 writes
+            common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch, step)  # new # `epoch` finished
+        break
 
     # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
     # before each forward, then every rank updates its own): evaluate rank 0's, the model the checkpoint holds
@@ -220,3 +229,4 @@ if master:  # new #
         test_images=test_images,  # new # summed over the ranks' shards
     )
 dist.destroy_process_group()  # new # leave the group cleanly before exiting
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

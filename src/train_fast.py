@@ -35,6 +35,7 @@ On a CPU it runs too (DALI's CPU-only mode, Inductor's C++ kernels, bfloat16) an
 """
 # new # end
 
+import itertools
 import os  # new #
 import shutil  # new #
 import warnings  # new #
@@ -99,8 +100,8 @@ if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
 class DeviceLoader:
     """Batches of a TensorDataset held on `device`: images float32 (N, C, H, W) in channels_last, labels int64 (N,).
 
-    The order comes from `DataLoader(range(len(dataset)), **loader_args)`: the base's sampling, shuffle and generator
-    (with --workers 0 the very same batches), without the images. Only each batch's int64 indices cross to the
+    The order comes from `DataLoader(range(len(dataset)), **loader_args)`: the base's sampler and batching (the very
+    same batches), without the images. Only each batch's int64 indices cross to the
     device, from pinned memory, asynchronously: no worker, no image copy, no synchronisation.
     """
 
@@ -194,23 +195,23 @@ elif args.dataset == "imagefolder":
 # new # end
 else:
     train_set, test_set = common.load_data(args)
+    sampler = torch.utils.data.RandomSampler(train_set, generator=generator)  # the shuffle, reseeded every epoch
     if "device-data" in args.without:  # new # ablation: the base's DataLoader
         train_loader = DataLoader(
             train_set,
             batch_size=args.batch_size,
-            shuffle=True,
+            sampler=sampler,
             drop_last=True,  # every step sees a full batch, so step times compare
             num_workers=args.workers,
             pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
             persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
             worker_init_fn=common.seed_worker,
-            generator=generator,
         )
         test_loader = DataLoader(test_set, batch_size=1000)
     else:  # new # the same sampling as the DataLoader above, the images already on the device
-        train_loader = DeviceLoader(  # new #
-            train_set, device, batch_size=args.batch_size, shuffle=True, drop_last=True, generator=generator
-        )
+        train_loader = DeviceLoader(
+            train_set, device, batch_size=args.batch_size, sampler=sampler, drop_last=True
+        )  # new #
         test_loader = DeviceLoader(test_set, device, batch_size=1000)  # new #
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
@@ -258,14 +259,19 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
+    generator.manual_seed(args.seed + epoch)  # the epoch's order depends on seed and epoch only: a resume repeats it
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
-    for images, labels in meter.loader(train_loader):
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
         images = images.to(device, non_blocking=True, memory_format=torch.channels_last)  # new # NHWC, like the weights
         labels = labels.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=amp_dtype):  # new # convs/matmuls in low precision, reductions in fp32
@@ -288,6 +294,10 @@ for epoch in range(start_epoch, args.epochs):
         if step == total_steps:
             break
     meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint:
+            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step, scaler=scaler)  # new #
+        break
 
     with torch.autocast(device.type, dtype=amp_dtype, enabled=args.dataset == "imagefolder"):  # new # DALI: float16
         val_loss, val_acc = common.evaluate(model, test_loader, device)
@@ -320,3 +330,4 @@ common.report(
     without=args.without,  # new # the changes left out (ablation rows)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)
