@@ -78,6 +78,8 @@ RUN_FIELDS = [
     "peak_mem_reserved_gib",
     "peak_host_rss_gib",
     "activation_mib",
+    "flops_per_image",
+    "achieved_tflops",
     "params",
     "params_per_rank",
     "test_acc",
@@ -98,6 +100,8 @@ MEDIAN_FIELDS = [
     "peak_mem_reserved_gib",
     "peak_host_rss_gib",
     "activation_mib",
+    "flops_per_image",
+    "achieved_tflops",
     "params",
     "params_per_rank",
     "test_acc",
@@ -432,6 +436,64 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
     return summary
 
 
+def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, float]:
+    """The device's dense matmul throughput, measured: TFLOP/s of `torch.matmul` on two square random matrices (side
+    8192 on CUDA, 1024 on CPU; halved while one call takes over a tenth of `seconds`, as emulated dtypes do), timed
+    over `seconds` after one warm-up call, per dtype: float32 (on CUDA with TF32
+    off), tf32 (CUDA: float32 inputs, TensorFloat-32 tensor cores), bfloat16 and float16 (on a CPU without native
+    support these run emulated and show it). A matmul of side n is 2 n^3 FLOPs. This is the ceiling a training
+    run's matmuls and convolutions can reach in that dtype on this machine (what cuBLAS or oneDNN/MKL achieve),
+    usually below the datasheet's peak. A few seconds in all."""
+    cuda = device.type == "cuda"
+    n = 8192 if cuda else 1024
+    peaks = {}
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    try:
+        for name, dtype, allow_tf32 in [
+            ("float32", torch.float32, False),
+            *([("tf32", torch.float32, True)] if cuda else []),
+            ("bfloat16", torch.bfloat16, False),
+            ("float16", torch.float16, False),
+        ]:
+            torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+            side = n
+            while True:  # a warm-up call (kernel choice, threads); a smaller side where one call is slow (emulated)
+                a, b = (torch.randn(side, side, device=device).to(dtype) for _ in range(2))
+                start = time.perf_counter()
+                torch.matmul(a, b)
+                if cuda:
+                    torch.cuda.synchronize(device)
+                if time.perf_counter() - start < seconds / 10 or side <= 128:
+                    break
+                side //= 2
+            calls, start = 0, time.perf_counter()
+            while (elapsed := time.perf_counter() - start) < seconds or not calls:
+                torch.matmul(a, b)
+                calls += 1
+                if cuda:
+                    torch.cuda.synchronize(device)
+            peaks[name] = 2 * side**3 * calls / elapsed / 1e12
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    return peaks
+
+
+def matmul_dtype(precision) -> str:
+    """The dtype a run's matmuls and convolutions ran in, from its metrics' `precision` (e.g. "amp bfloat16 +
+    channels_last", "fp32 (TF32 convs)", "fp32"): the key of `gemm_peak_tflops` its of-peak share is taken against."""
+    text = str(precision)
+    for name in ("bfloat16", "float16"):
+        if name in text:
+            return name
+    return "tf32" if "TF32" in text else "float32"
+
+
+def of_peak(achieved, precision, env: dict):
+    """achieved TFLOP/s over the measured matmul peak in the run's dtype (`measure_gemm_peak`), or None."""
+    peak = (env.get("gemm_peak_tflops") or {}).get(matmul_dtype(precision))
+    return achieved / peak if peak and achieved == achieved and achieved else None
+
+
 def limited_by(data_wait: float) -> str:
     """ "input" when the steps waited for data 25 % of the time or more, else "compute" (the device and the host's
     queueing of its work); "–" when not measured. A loader-only row is input by construction."""
@@ -445,6 +507,12 @@ def cpu_line(env: dict) -> str:
     flags = ", ".join(env.get("cpu_flags") or []) or "none of avx2/avx512f/avx512_bf16/amx"
     bf16 = "with" if env.get("bf16_instructions") else "without"
     return f"{env.get('cpu_model') or env.get('cpu')}, {env['cpu_count']} cores, {bf16} bf16 instructions ({flags})"
+
+
+def peak_line(env: dict) -> str:
+    """The measured matmul peaks of env.json, e.g. "float32 1.2, bfloat16 3.4 TFLOP/s", or "not measured"."""
+    peaks = env.get("gemm_peak_tflops") or {}
+    return ", ".join(f"{k} {v:.3g}" for k, v in peaks.items()) + " TFLOP/s" if peaks else "peak not measured"
 
 
 def hardware_line(env: dict) -> str:
@@ -492,12 +560,16 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
         "Fashion-MNIST test images after the last epoch (loaders: over the folder's val/ images). First step: "
         "seconds of the first training step, where torch.compile compiles (its `compile_s`), cuDNN autotunes and "
         "workers start; time to target leaves compile_s out, the column after it includes it. On CPU, bfloat16 "
-        "autocast is native with bf16 instructions and emulated (slow) without: see the CPU line above.\n\n"
+        "autocast is native with bf16 instructions and emulated (slow) without: see the CPU line above. "
+        "GFLOPs/image: training FLOPs (forward + backward matmuls, convolutions, attention) counted with "
+        "torch.utils.flop_counter on one step; TFLOP/s: that x images/s; of peak: over this machine's measured "
+        f"matmul peak in the dtype the run computed in ({peak_line(env)}): how much of the hardware the run "
+        "uses, the rest is what is left to gain.\n\n"
     )
     is_ablation = summary.ablation_of.map(_text).to_numpy() != ""
     text = header + ladder_markdown(summary)
     if (~is_loader & ~is_ablation).any():
-        text += "## Training scripts\n\n" + _training_table(summary[~is_loader & ~is_ablation]) + "\n"
+        text += "## Training scripts\n\n" + _training_table(summary[~is_loader & ~is_ablation], env) + "\n"
     text += memory_markdown(summary)
     if is_ablation.any():
         text += (
@@ -685,8 +757,8 @@ def _ablation_table(summary: pd.DataFrame) -> str:
     return pd.DataFrame(rows).to_markdown(index=False) + "\n"
 
 
-def _training_table(summary: pd.DataFrame) -> str:
-    """One row per training configuration."""
+def _training_table(summary: pd.DataFrame, env: dict) -> str:
+    """One row per training configuration; `env` gives the measured matmul peaks (of-peak column)."""
     rows = []
     for r in summary.to_dict("records"):
         on_cpu = r.get("device") == "cpu"
@@ -710,6 +782,9 @@ def _training_table(summary: pd.DataFrame) -> str:
                 "peak reserved (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_reserved_gib"), ".2f"),
                 "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
                 "activations (MiB)": _fmt(r.get("activation_mib"), ".1f"),
+                "GFLOPs/image": _fmt(r.get("flops_per_image"), ".3g", 1e-9),
+                "TFLOP/s": _fmt(r.get("achieved_tflops"), ".3g"),
+                "of peak": _fmt(of_peak(r.get("achieved_tflops"), r.get("precision"), env), ".1%"),
                 "test acc": _acc(r),
                 "first step (s)": _fmt(r.get("first_step_s"), ".1f"),
                 "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),
@@ -801,7 +876,8 @@ def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> No
 
 
 def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
-    """ladder.png: one panel per ladder, images/s per rung, labelled with × its base rung and × the first rung."""
+    """ladder.png: one panel per ladder, images/s per rung, labelled with × its base rung and × the first rung; a
+    rung slower than its base in red, so that a technique that does not pay on this machine stands out."""
     ladder = summary.ladder.map(_text)
     ladders = list(summary[ladder != ""].groupby(ladder[ladder != ""], sort=False))
     if not ladders:
@@ -810,7 +886,9 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
     for ax, (name, rungs) in zip(axes[:, 0], ladders, strict=True):
         ips = pd.to_numeric(rungs.images_per_s, errors="coerce").fillna(0)
         first = ips.iloc[0] or float("nan")
-        bars = ax.barh([str(r.config)[:60] for r in rungs.itertuples()], ips, color="tab:green")
+        slower = [pd.notna(r.speedup_rung) and r.speedup_rung < 1 for r in rungs.itertuples()]  # than its base rung
+        colors = ["tab:red" if s else "tab:green" for s in slower]
+        bars = ax.barh([str(r.config)[:60] for r in rungs.itertuples()], ips, color=colors)
         labels = [
             f"{_x(r.speedup_rung)} base, {_x(v / first)} cumulative"
             if v
@@ -921,7 +999,10 @@ def main() -> None:
         else str(args.matrix),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
+        # once per bench run, before the matrix: what the of-peak columns divide by
+        "gemm_peak_tflops": measure_gemm_peak(torch.device("cuda" if gpus else "cpu")),
     }
+    print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
     common.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
     jobs = [(run, k) for run in matrix for k in range(1, run["repeats"] + 1)]
     rows = []

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
 
 REPO = Path(__file__).resolve().parent.parent
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # Debian package `dataset-fashion-mnist`
@@ -649,6 +650,12 @@ class Meter:
       summed. All of them are alive together at the end of the
       forward. Under activation checkpointing, torch.utils.checkpoint saves a block's inputs here and the tensors of
       its recompute under its own inner hooks, which are not counted: they live only during that block's backward.
+    - training FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` from the arrival of the second step's
+      batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions
+      and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and the optimizer are not
+      counted; an activation-checkpointing recompute is). The second step, not the first: a compiled model compiles
+      at its first call, and under the counter it would run eagerly and compile a step later. That step runs slower
+      (Python sees every op): it is a warm-up step unless --warmup-steps is below 2.
     """
 
     def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10):
@@ -668,6 +675,8 @@ class Meter:
         self._all_images = 0
         self.activation_bytes = None  # measured on the first batch
         self._saved_hooks, self._storages = None, {}
+        self.flops_per_image = None  # counted on the second step
+        self._flop_counter = None
         for d in self.devices:
             if d.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(d)
@@ -711,11 +720,18 @@ class Meter:
             if self.activation_bytes is None and self._saved_hooks is None:
                 self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
                 self._saved_hooks.__enter__()
+            if self.steps == 1 and self.flops_per_image is None and self._flop_counter is None:
+                self._flop_counter = FlopCounterMode(display=False)  # until step(): every micro-batch of the step
+                self._flop_counter.__enter__()
             yield batch
 
     def step(self, n_images: int) -> None:
         """Record the end of one optimizer step over `n_images` images (per process)."""
         self._stop_counting()
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            flops, self._flop_counter = self._flop_counter.get_total_flops(), None
+            self.flops_per_image = flops / n_images if flops else 0.0
         self.steps += 1
         self._all_images += n_images
         if self.first_step_s is None and self._t_train is not None:
@@ -764,8 +780,8 @@ class Meter:
 
     def summary(self) -> dict:
         """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, data_wait_frac,
-        measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB; None when no batch was trained)
-        and peak memory (GiB, `memory_stats`)."""
+        measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB; None when no batch was trained),
+        flops_per_image (None when the run had one step, or no model) and peak memory (GiB, `memory_stats`)."""
         self.pause()
         measured = len(self.step_s)
         quantiles = statistics.quantiles(self.step_s, n=10, method="inclusive") if measured >= 2 else [None] * 9
@@ -787,6 +803,7 @@ class Meter:
             "first_step_s": self.first_step_s,
             "train_s": self.train_s,
             "activation_mib": self.activation_bytes / 2**20 if self.activation_bytes is not None else None,
+            "flops_per_image": self.flops_per_image or None,
             **memory_stats(),
         }
 
@@ -818,7 +835,8 @@ def memory_stats() -> dict:
 def gather_summary(summary: dict) -> dict:
     """A `Meter.summary()` made global over the ranks of the default process group (every rank must call it):
     images/s summed (each rank measured its own share), peak memory the maximum over ranks, `peak_mem_per_device`
-    every rank's devices (with their rank), data-wait, step times and activation_mib those of this rank."""
+    every rank's devices (with their rank), data-wait, step times, activation_mib and flops_per_image those of this
+    rank (every rank trains the same model on as many images a step)."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, summary)
     merged = dict(summary)
@@ -1048,7 +1066,8 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     CUDA, 0 on CPU), global_batch (default batch x world size), model, dataset; `compile_s` for compiled models;
     and anything else to record (loader, workers, ...). Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
-    `time_to_target_incl_compile_s` with it), the resolved arguments (`args`, every flag with its default), and the
+    `time_to_target_incl_compile_s` with it), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
+    training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every flag with its default), and the
     run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
     `failed_writes`). The metrics JSON keys are listed in the README ("Metrics").
     """
@@ -1066,6 +1085,10 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     else:
         wait = summary["data_wait_frac"]
         line = f"{summary['images_per_s']:.1f} images/s, data-wait {100 * wait:.1f} %"
+    flops = summary.get("flops_per_image")
+    achieved = flops * summary["images_per_s"] / 1e12 if flops and summary["images_per_s"] else None
+    if achieved is not None:
+        line += f", {achieved:.3g} TFLOP/s ({flops / 1e9:.3g} GFLOPs per image)"
     if summary.get("activation_mib") is not None:
         line += f", activations saved for backward {summary['activation_mib']:.1f} MiB"
     print(f"{line}, peak host RSS {summary['peak_host_rss_gib']:.2f} GiB", flush=True)
@@ -1074,6 +1097,7 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
         **fields,
         device=str(device),
         **summary,
+        achieved_tflops=achieved,
         epochs=epochs,
         test_acc=epochs[-1]["val_acc"] if epochs else None,
         target_acc=args.target_acc,

@@ -28,7 +28,11 @@ import common
 
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
-    "--amp-dtype", choices=["float16", "bfloat16"], default=None, help="default: float16 on CUDA, bfloat16 on CPU"
+    "--amp-dtype",
+    choices=["float16", "bfloat16", "float32"],
+    default=None,
+    help="default: float16 on CUDA, bfloat16 on CPU; float32: autocast off and no GradScaler (the rest of the lesson "
+    "without mixed precision, e.g. on a CPU without bf16 instructions, where bfloat16 is emulated)",
 )
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
@@ -42,6 +46,7 @@ if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
+use_amp = amp_dtype != torch.float32  # --amp-dtype float32: autocast off (and no GradScaler)
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
@@ -104,7 +109,8 @@ for epoch in range(start_epoch, args.epochs):
             break
         images = images.to(device, non_blocking=True)
         labels = labels.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype):  # new # convs/matmuls in low precision, reductions in fp32
+        # new # convs/matmuls in low precision, reductions in fp32 (--amp-dtype float32: autocast off)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):  # new #
             logits = model(images)
             loss = criterion(logits, labels)
         optimizer.zero_grad(set_to_none=True)
@@ -147,7 +153,7 @@ common.report(
     epochs,
     script="train_amp.py",  # new #
     technique="AMP",  # new #
-    precision=f"amp {str(amp_dtype).removeprefix('torch.')}",  # new # what the convs and matmuls ran in
+    precision=f"{'amp ' if amp_dtype != torch.float32 else 'autocast off, '}{str(amp_dtype).removeprefix('torch.')}",  # new # what the convs and matmuls ran in
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)

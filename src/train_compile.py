@@ -32,7 +32,11 @@ import common
 
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
-    "--amp-dtype", choices=["float16", "bfloat16"], default=None, help="default: float16 on CUDA, bfloat16 on CPU"
+    "--amp-dtype",
+    choices=["float16", "bfloat16", "float32"],
+    default=None,
+    help="default: float16 on CUDA, bfloat16 on CPU; float32: autocast off and no GradScaler (the rest of the lesson "
+    "without mixed precision, e.g. on a CPU without bf16 instructions, where bfloat16 is emulated)",
 )
 parser.add_argument(  # new #
     "--compile-mode",
@@ -52,6 +56,7 @@ if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
+use_amp = amp_dtype != torch.float32  # --amp-dtype float32: autocast off (and no GradScaler)
 # new # end
 # new # begin: on a CPU, Inductor compiles C++: check for a compiler now rather than after the first batch
 if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
@@ -88,7 +93,7 @@ hooks = [
     if isinstance(m, nn.Conv2d)
 ]
 channels, side = common.input_shape(args)
-with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype):
+with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
     model.eval()(torch.zeros(2, channels, side, side, device=device).to(memory_format=torch.channels_last))
 for hook in hooks:
     hook.remove()
@@ -136,7 +141,8 @@ for epoch in range(start_epoch, args.epochs):
             break
         images = images.to(device, non_blocking=True, memory_format=torch.channels_last)  # new # NHWC, like the weights
         labels = labels.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=amp_dtype):  # new # convs/matmuls in low precision, reductions in fp32
+        # new # convs/matmuls in low precision, reductions in fp32 (--amp-dtype float32: autocast off)
+        with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):  # new #
             logits = compiled(images)  # new # compiles at the first call (a warm-up step)
             loss = criterion(logits, labels)
         optimizer.zero_grad(set_to_none=True)
@@ -179,7 +185,7 @@ common.report(
     epochs,
     script="train_compile.py",  # new #
     technique="compile",  # new #
-    precision=f"amp {str(amp_dtype).removeprefix('torch.')} + channels_last",  # new #
+    precision=f"{'amp ' if amp_dtype != torch.float32 else 'autocast off, '}{str(amp_dtype).removeprefix('torch.')} + channels_last",  # new #
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)

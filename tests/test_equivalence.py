@@ -140,6 +140,33 @@ def test_dp_on_one_device_trains_train_py_s_weights_bit_for_bit(ladder):
     assert_resume_says_finished(base, "src/train.py", *LADDER, "--log-every", "1")
 
 
+def test_profile_trains_train_py_s_weights_bit_for_bit_and_writes_a_labelled_trace(ladder, tmp_path):
+    """train_profile.py vs train.py, the ladder's 16 steps, steps 4 to 6 recorded. Compared: every weight, BatchNorm
+    statistic and AdamW moment, bit for bit (tolerance none: the profiler observes, it computes nothing). The trace
+    is a Chrome trace JSON with the four record_function labels, and the top-ops table is printed."""
+    traces = tmp_path / "traces"
+    base = ladder("train.py")
+    prof = ladder("train_profile.py", "--profile-wait", "2", "--profile-active", "3", "--trace-dir", str(traces))
+    assert_identical(weights(prof), weights(base))
+    assert all(torch.equal(a, b) for a, b in zip(first_moments(prof), first_moments(base), strict=True))
+    (trace,) = traces.glob("trace-cnn-step*.json")
+    names = {event.get("name") for event in json.loads(trace.read_text())["traceEvents"]}
+    assert {"data", "forward", "backward", "optimizer", "aten::convolution_backward"} <= names
+    assert "Self CPU" in prof["stdout"] and "aten::convolution_backward" in prof["stdout"]
+
+
+def test_amp_with_amp_dtype_float32_is_train_py_bit_for_bit(ladder):
+    """train_amp.py --amp-dtype float32 vs train.py, the ladder's 16 steps: autocast off and the GradScaler disabled
+    leave train.py's computation (scaler.scale returns the loss, scaler.step calls optimizer.step), so every weight,
+    BatchNorm statistic and AdamW moment is equal bit for bit (tolerance none), the logits come out in float32 and the
+    metrics say "autocast off". The CPU ladder runs the rungs after AMP this way where bfloat16 is emulated."""
+    base, amp = ladder("train.py"), ladder("train_amp.py", "--amp-dtype", "float32")
+    assert_identical(weights(amp), weights(base))
+    assert all(torch.equal(a, b) for a, b in zip(first_moments(amp), first_moments(base), strict=True))
+    assert amp["metrics"]["epochs"][-1]["logits_dtype"] == "torch.float32"
+    assert amp["metrics"]["precision"] == "autocast off, float32"
+
+
 def test_amp_bfloat16_follows_train_py_s_float32_loss_step_by_step(ladder):
     """train_amp.py (bfloat16 autocast on CPU) vs train.py (float32), the ladder's 16 steps. Compared: the loss at
     every step, and the test loss after them. Tolerance: 1e-3 relative at step 1 (the same weights: only the

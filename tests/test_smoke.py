@@ -91,3 +91,25 @@ def test_smoke_memory_table_shows_activation_checkpointing_against_its_base_at_t
     section = table.split("## Memory: small ViT, batch 32")[1].split("\n## ")[0]
     line = next(line for line in section.splitlines() if line.startswith("| train_activation_checkpointing.py"))
     assert f"{ac.activation_mib:.1f}" in line and f"{ac.activation_mib / base.activation_mib:.2f}×" in line
+
+
+def test_smoke_rows_carry_flops_and_their_share_of_the_measured_matmul_peak(smoke):
+    """env.json holds the matmul peak measured before the runs (float32 and bfloat16 at least, TFLOP/s > 0); every
+    training row has its FLOPs per image and TFLOP/s, and TFLOP/s = GFLOPs/image x images/s (the definition);
+    table.md's of-peak column is that over the peak in the row's dtype (float32 or bfloat16 on a CPU)."""
+    out, summary, _ = smoke
+    env = json.loads((out / "env.json").read_text())
+    peaks = env["gemm_peak_tflops"]
+    assert {"float32", "bfloat16", "float16"} <= peaks.keys() and all(v > 0 for v in peaks.values())
+    training = summary[~summary.script.str.startswith("loader")]
+    assert (training.flops_per_image > 0).all() and (training.achieved_tflops > 0).all()
+    runs = pd.read_csv(out / "runs.csv")
+    runs = runs[~runs.script.str.startswith("loader")]
+    assert (runs.achieved_tflops - runs.flops_per_image * runs.images_per_s / 1e12).abs().max() < 1e-9
+    cnn = summary[summary.config == "train.py cnn"].iloc[0]
+    table = (out / "table.md").read_text()
+    assert (
+        "of peak"
+        in table.splitlines()[[i for i, line in enumerate(table.splitlines()) if "## Training" in line][0] + 2]
+    )
+    assert f"{cnn.achieved_tflops / peaks['float32']:.1%}" in table

@@ -174,3 +174,19 @@ def test_trains_on_cuda_and_reports_device_memory(tmp_path):
     assert metrics["device"] == "cuda" and metrics["peak_mem_allocated_gib"] > 0
     assert metrics["peak_mem_reserved_gib"] >= metrics["peak_mem_allocated_gib"]
     assert metrics["env"]["gpu_count"] >= 1 and metrics["images_per_s"] > 0 and metrics["test_acc"] > 0.6
+
+
+def test_flops_per_image_are_the_hand_count_of_the_mlp(tmp_path):
+    """The MLP (784 -> 256 -> 10) trained one step past the counted one: FlopCounterMode's training FLOPs per image
+    equal the hand count, 2 per multiply-add: forward 2 x (784 x 256 + 256 x 10); backward the same for the weight
+    gradients plus 2 x 256 x 10 for the input gradient of the second layer (the first layer's input, the images,
+    needs none). achieved_tflops is flops_per_image x images/s / 1e12."""
+    metrics = tmp_path / "m.json"
+    proc = run("src/train.py", "--model", "mlp", "--device", "cpu", "--workers", "0", "--subset", "512", "--epochs",
+               "1", "--warmup-steps", "1", "--metrics-out", metrics)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    m = json.loads(metrics.read_text())
+    forward = 2 * (784 * 256 + 256 * 10)
+    assert m["flops_per_image"] == 2 * forward + 2 * 256 * 10 == 818_176
+    assert m["achieved_tflops"] == pytest.approx(m["flops_per_image"] * m["images_per_s"] / 1e12, rel=1e-12)
+    assert "TFLOP/s (0.000818 GFLOPs per image)" in proc.stdout
