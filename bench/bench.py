@@ -438,14 +438,14 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
 
 def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, float]:
     """The device's dense matmul throughput, measured: TFLOP/s of `torch.matmul` on two square random matrices (side
-    8192 on CUDA, 1024 on CPU; halved while one call takes over a tenth of `seconds`, as emulated dtypes do), timed
-    over `seconds` after one warm-up call, per dtype: float32 (on CUDA with TF32
+    8192 on CUDA, 2048 on CPU, 1024 for the 16-bit types on CPU; halved while one call takes over a tenth of
+    `seconds`, as emulated dtypes do), timed over `seconds` after two warm-up calls, per dtype: float32 (on CUDA with TF32
     off), tf32 (CUDA: float32 inputs, TensorFloat-32 tensor cores), bfloat16 and float16 (on a CPU without native
     support these run emulated and show it). A matmul of side n is 2 n^3 FLOPs. This is the ceiling a training
     run's matmuls and convolutions can reach in that dtype on this machine (what cuBLAS or oneDNN/MKL achieve),
     usually below the datasheet's peak. A few seconds in all."""
     cuda = device.type == "cuda"
-    n = 8192 if cuda else 1024
+    n = 8192 if cuda else 2048
     peaks = {}
     tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -456,8 +456,8 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
             ("float16", torch.float16, False),
         ]:
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-            side = n
-            while True:  # a warm-up call (kernel choice, threads); a smaller side where one call is slow (emulated)
+            side = n if cuda or dtype == torch.float32 else n // 2  # CPUs may emulate the 16-bit types: slow
+            while True:  # a smaller side while one call is slow (emulated)
                 a, b = (torch.randn(side, side, device=device).to(dtype) for _ in range(2))
                 start = time.perf_counter()
                 torch.matmul(a, b)
@@ -466,6 +466,7 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
                 if time.perf_counter() - start < seconds / 10 or side <= 128:
                     break
                 side //= 2
+            torch.matmul(a, b)  # a second warm-up call at that side (handles, kernel choice, threads are ready)
             calls, start = 0, time.perf_counter()
             while (elapsed := time.perf_counter() - start) < seconds or not calls:
                 torch.matmul(a, b)
@@ -478,20 +479,39 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
     return peaks
 
 
-def matmul_dtype(precision) -> str:
+def matmul_dtype(precision, model=None) -> str:
     """The dtype a run's matmuls and convolutions ran in, from its metrics' `precision` (e.g. "amp bfloat16 +
-    channels_last", "fp32 (TF32 convs)", "fp32"): the key of `gemm_peak_tflops` its of-peak share is taken against."""
+    channels_last", "fp32 (TF32 convs)", "fp32") and model: the key of `gemm_peak_tflops` its of-peak share is taken
+    against. "TF32 convs" is cuDNN's default for convolutions; matmuls stay float32 (torch's default), so a model
+    without convolutions (mlp, vit) is measured against the float32 peak."""
     text = str(precision)
     for name in ("bfloat16", "float16"):
         if name in text:
             return name
-    return "tf32" if "TF32" in text else "float32"
+    return "tf32" if "TF32" in text and model not in ("mlp", "vit") else "float32"
 
 
-def of_peak(achieved, precision, env: dict):
-    """achieved TFLOP/s over the measured matmul peak in the run's dtype (`measure_gemm_peak`), or None."""
-    peak = (env.get("gemm_peak_tflops") or {}).get(matmul_dtype(precision))
-    return achieved / peak if peak and achieved == achieved and achieved else None
+def of_peak(achieved, precision, env: dict, model=None, gpus=0):
+    """achieved TFLOP/s (all devices of the run together) over the measured matmul peak of one device in the run's
+    dtype (`measure_gemm_peak`) times the GPUs it used (on a CPU the processes share the one measured), or None."""
+    peak = (env.get("gemm_peak_tflops") or {}).get(matmul_dtype(precision, model))
+    devices = max(int(gpus), 1) if gpus == gpus and gpus else 1
+    return achieved / (peak * devices) if peak and achieved == achieved and achieved else None
+
+
+def gemm_peak_in_a_child(python: str, gpus: int) -> dict[str, float]:
+    """`measure_gemm_peak` in a subprocess, so that this process never holds a CUDA context or cached blocks on a
+    GPU the runs train on. {} (and a line) if it fails."""
+    code = (
+        f"import json, sys, torch; sys.path[:0] = [{str(REPO / 'bench')!r}, {str(REPO / 'src')!r}]; import bench; "
+        f"print(json.dumps(bench.measure_gemm_peak(torch.device({'cuda' if gpus else 'cpu'!r}))))"
+    )
+    proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        print(f"bench: the matmul peak could not be measured: {proc.stderr.strip()[-300:]}", file=sys.stderr)
+        return {}
 
 
 def limited_by(data_wait: float) -> str:
@@ -562,8 +582,9 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
         "workers start; time to target leaves compile_s out, the column after it includes it. On CPU, bfloat16 "
         "autocast is native with bf16 instructions and emulated (slow) without: see the CPU line above. "
         "GFLOPs/image: training FLOPs (forward + backward matmuls, convolutions, attention) counted with "
-        "torch.utils.flop_counter on one step; TFLOP/s: that x images/s; of peak: over this machine's measured "
-        f"matmul peak in the dtype the run computed in ({peak_line(env)}): how much of the hardware the run "
+        "torch.utils.flop_counter on one step, as they ran (an activation-checkpointing recompute counts: hardware "
+        "FLOPs); TFLOP/s: that x images/s, all devices together; of peak: over this machine's measured matmul peak "
+        f"in the dtype the run computed in, per device used ({peak_line(env)}): how much of the hardware the run "
         "uses, the rest is what is left to gain.\n\n"
     )
     is_ablation = summary.ablation_of.map(_text).to_numpy() != ""
@@ -784,7 +805,10 @@ def _training_table(summary: pd.DataFrame, env: dict) -> str:
                 "activations (MiB)": _fmt(r.get("activation_mib"), ".1f"),
                 "GFLOPs/image": _fmt(r.get("flops_per_image"), ".3g", 1e-9),
                 "TFLOP/s": _fmt(r.get("achieved_tflops"), ".3g"),
-                "of peak": _fmt(of_peak(r.get("achieved_tflops"), r.get("precision"), env), ".1%"),
+                "of peak": _fmt(
+                    of_peak(r.get("achieved_tflops"), r.get("precision"), env, r.get("model"), r.get("gpus") or 0),
+                    ".1%",
+                ),
                 "test acc": _acc(r),
                 "first step (s)": _fmt(r.get("first_step_s"), ".1f"),
                 "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),
@@ -1000,7 +1024,7 @@ def main() -> None:
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
         # once per bench run, before the matrix: what the of-peak columns divide by
-        "gemm_peak_tflops": measure_gemm_peak(torch.device("cuda" if gpus else "cpu")),
+        "gemm_peak_tflops": gemm_peak_in_a_child(args.python, gpus),
     }
     print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
     common.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")

@@ -653,7 +653,8 @@ class Meter:
     - training FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` from the arrival of the second step's
       batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions
       and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and the optimizer are not
-      counted; an activation-checkpointing recompute is). The second step, not the first: a compiled model compiles
+      counted; an activation-checkpointing recompute is: hardware FLOPs, not the model's). DataParallel's
+      replicas run their forward in threads the counter does not see (train_DP.py reports none on 2+ GPUs). The second step, not the first: a compiled model compiles
       at its first call, and under the counter it would run eagerly and compile a step later. That step runs slower
       (Python sees every op): it is a warm-up step unless --warmup-steps is below 2.
     """
@@ -760,6 +761,9 @@ class Meter:
     def pause(self) -> None:
         """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
         self._stop_counting()
+        if self._flop_counter is not None:  # the loop left before the counted step's end (SIGTERM): nothing counted
+            self._flop_counter.__exit__(None, None, None)
+            self._flop_counter = None
         now = self._sync()
         if self._t_start is not None:
             self.window_s += now - self._t_start

@@ -123,6 +123,8 @@ for epoch in range(start_epoch, args.epochs):
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
+if len(model.device_ids) > 1:  # new # the replicas' forward runs in threads, which FlopCounterMode does not see
+    summary["flops_per_image"] = None  # new #
 common.report(
     args,
     summary,

@@ -47,6 +47,9 @@ if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
 use_amp = amp_dtype != torch.float32  # --amp-dtype float32: autocast off (and no GradScaler)
+precision = (
+    f"amp {str(amp_dtype).removeprefix('torch.')}" if use_amp else f"autocast off, {common.precision_label(device)}"
+)
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
@@ -153,7 +156,7 @@ common.report(
     epochs,
     script="train_amp.py",  # new #
     technique="AMP",  # new #
-    precision=f"{'amp ' if amp_dtype != torch.float32 else 'autocast off, '}{str(amp_dtype).removeprefix('torch.')}",  # new # what the convs and matmuls ran in
+    precision=precision,  # new # what the convs and matmuls ran in
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)

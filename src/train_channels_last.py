@@ -46,6 +46,9 @@ if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
 use_amp = amp_dtype != torch.float32  # --amp-dtype float32: autocast off (and no GradScaler)
+precision = (
+    f"amp {str(amp_dtype).removeprefix('torch.')}" if use_amp else f"autocast off, {common.precision_label(device)}"
+)
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
@@ -167,7 +170,7 @@ common.report(
     epochs,
     script="train_channels_last.py",  # new #
     technique="channels_last",  # new #
-    precision=f"{'amp ' if amp_dtype != torch.float32 else 'autocast off, '}{str(amp_dtype).removeprefix('torch.')} + channels_last",  # new #
+    precision=f"{precision} + channels_last",  # new #
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)

@@ -96,6 +96,9 @@ if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
 use_amp = amp_dtype != torch.float32  # --amp-dtype float32: autocast off (and no GradScaler)
+precision = (
+    f"amp {str(amp_dtype).removeprefix('torch.')}" if use_amp else f"autocast off, {common.precision_label(device)}"
+)
 # new # end
 # new # begin: on a CPU, Inductor compiles C++: check for a compiler now rather than after the first batch
 if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
@@ -328,7 +331,7 @@ common.report(
     epochs,
     script="train_fast.py",  # new #
     technique="everything stacked",  # new #
-    precision=f"{'amp ' if amp_dtype != torch.float32 else 'autocast off, '}{str(amp_dtype).removeprefix('torch.')} + channels_last",  # new #
+    precision=f"{precision} + channels_last",  # new #
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)

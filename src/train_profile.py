@@ -2,13 +2,14 @@
 """torch.profiler: train.py + a profile of a few steps, a Chrome/Perfetto trace and the top-15 ops table.
 
 A speed-up list says what to try; the profiler says where the time goes, so which item applies. The steps are
-labelled with `record_function` (data, forward, backward, optimizer); `torch.profiler.profile` skips the first
---profile-wait steps (warm-up: worker start, cuDNN autotuning, compilation), warms up one, records --profile-active,
-then stops. --trace-dir writes the recorded steps as a Chrome trace (JSON) that opens in ui.perfetto.dev or
-chrome://tracing: one row per thread (and per CUDA stream), one box per op and kernel. At the end it prints
-`key_averages()`, the 15 ops with the most self time on the device (CUDA), or on the CPU without one. How to read it:
-- input-bound: `data` takes a large share of each step (the trace shows the step waiting in the DataLoader's
-  `__next__` between backward and the next forward): more --workers, pinned memory, DALI (loader_DALI.py, train_fast.py);
+labelled with `record_function` (data: the copy to the device; forward, backward, optimizer); `torch.profiler.profile`
+skips the first --profile-wait steps (warm-up: worker start, cuDNN autotuning, compilation), warms up one, records
+--profile-active, then stops. --trace-dir writes the recorded steps as a Chrome trace (JSON) that opens in
+ui.perfetto.dev or chrome://tracing: one row per thread (and per CUDA stream), one box per op and kernel. At the end
+it prints `key_averages()`, the 15 ops with the most self time on the device (CUDA), or on the CPU without one. How to
+read it:
+- input-bound: `enumerate(DataLoader)#..._DataLoaderIter.__next__` (the wait for the next batch, between optimizer
+  and the next `data`) takes a large share of each step: more --workers, pinned memory, DALI (loader_DALI.py);
 - launch-bound (GPU): many short kernels with gaps between them, CPU self time of the `aten::` ops near the step time
   while the GPU idles: fewer, bigger kernels (torch.compile, CUDA graphs, a bigger batch);
 - compute-bound: convolution / matmul kernels (`aten::convolution`, `aten::mm`, cuDNN / cuBLAS / oneDNN kernels)
@@ -44,6 +45,8 @@ parser.add_argument(  # new #
     "--trace-dir", type=Path, default=None, help="write the recorded steps here as a Chrome / Perfetto trace (JSON)"
 )
 args = common.parse_args(parser)
+if args.profile_wait < 2:  # new # the first two steps are not typical: the meter counts activations and FLOPs there
+    parser.error("--profile-wait must be 2 or more")  # new #
 if args.trace_dir is not None and (problem := common.output_problem(args.trace_dir, is_folder=True)):  # new #
     common.die(f"--trace-dir {args.trace_dir} {problem}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)

@@ -159,12 +159,12 @@ def test_amp_with_amp_dtype_float32_is_train_py_bit_for_bit(ladder):
     """train_amp.py --amp-dtype float32 vs train.py, the ladder's 16 steps: autocast off and the GradScaler disabled
     leave train.py's computation (scaler.scale returns the loss, scaler.step calls optimizer.step), so every weight,
     BatchNorm statistic and AdamW moment is equal bit for bit (tolerance none), the logits come out in float32 and the
-    metrics say "autocast off". The CPU ladder runs the rungs after AMP this way where bfloat16 is emulated."""
+    metrics say "autocast off". It is how the rungs after AMP run on a CPU where bfloat16 would be emulated."""
     base, amp = ladder("train.py"), ladder("train_amp.py", "--amp-dtype", "float32")
     assert_identical(weights(amp), weights(base))
     assert all(torch.equal(a, b) for a, b in zip(first_moments(amp), first_moments(base), strict=True))
     assert amp["metrics"]["epochs"][-1]["logits_dtype"] == "torch.float32"
-    assert amp["metrics"]["precision"] == "autocast off, float32"
+    assert amp["metrics"]["precision"] == "autocast off, fp32"
 
 
 def test_amp_bfloat16_follows_train_py_s_float32_loss_step_by_step(ladder):
