@@ -118,7 +118,7 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-PROFILE_KEYS = {"repeats", "timeout_s", "args", "runs"}  # what profiles.toml's header comment documents
+PROFILE_KEYS = {"repeats", "timeout_s", "args", "gemm_seconds", "runs"}  # what profiles.toml's header comment documents
 RUN_KEYS = {
     "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
     "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note",
@@ -499,12 +499,12 @@ def of_peak(achieved, precision, env: dict, model=None, gpus=0):
     return achieved / (peak * devices) if peak and achieved == achieved and achieved else None
 
 
-def gemm_peak_in_a_child(python: str, gpus: int) -> dict[str, float]:
+def gemm_peak_in_a_child(python: str, gpus: int, seconds: float = 1.0) -> dict[str, float]:
     """`measure_gemm_peak` in a subprocess, so that this process never holds a CUDA context or cached blocks on a
     GPU the runs train on. {} (and a line) if it fails."""
     code = (
         f"import json, sys, torch; sys.path[:0] = [{str(REPO / 'bench')!r}, {str(REPO / 'src')!r}]; import bench; "
-        f"print(json.dumps(bench.measure_gemm_peak(torch.device({'cuda' if gpus else 'cpu'!r}))))"
+        f"print(json.dumps(bench.measure_gemm_peak(torch.device({'cuda' if gpus else 'cpu'!r}), {float(seconds)})))"
     )
     proc = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
     try:
@@ -1024,7 +1024,7 @@ def main() -> None:
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
         # once per bench run, before the matrix: what the of-peak columns divide by
-        "gemm_peak_tflops": gemm_peak_in_a_child(args.python, gpus),
+        "gemm_peak_tflops": gemm_peak_in_a_child(args.python, gpus, float(table.get("gemm_seconds", 1.0))),
     }
     print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
     common.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")

@@ -125,14 +125,15 @@ def test_a_run_shorter_than_its_warmup_says_not_measured(tmp_path):
 
 def test_resume_continues_from_the_saved_epoch(tmp_path):
     ckpt = tmp_path / "ckpt"
-    first = run("src/train.py", *QUICK, "--epochs", "1", "--checkpoint-dir", ckpt, timeout=300)
+    quick = [*QUICK, "--subset", "2048"]  # 16 steps an epoch (the mid-epoch resume: tests/test_preemption.py)
+    first = run("src/train.py", *quick, "--epochs", "1", "--checkpoint-dir", ckpt, timeout=300)
     assert first.returncode == 0, first.stderr
     saved = torch.load(ckpt / "last.pt", weights_only=False)
-    assert saved["epoch"] == 1 and saved["step"] == 32
+    assert saved["epoch"] == 1 and saved["step"] == 16
 
     second = run(
         "src/train.py",
-        *QUICK,
+        *quick,
         "--epochs",
         "2",
         "--checkpoint-dir",
@@ -143,10 +144,10 @@ def test_resume_continues_from_the_saved_epoch(tmp_path):
         timeout=300,
     )
     assert second.returncode == 0, second.stderr
-    assert "resumed from" in second.stdout and "1 epochs and 32 steps done" in second.stdout
+    assert "resumed from" in second.stdout and "1 epochs and 16 steps done" in second.stdout
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert [e["epoch"] for e in metrics["epochs"]] == [2]  # epoch 1 is not trained again
-    assert metrics["steps"] == 64 and metrics["epochs"][0]["step"] == 64
+    assert metrics["steps"] == 32 and metrics["epochs"][0]["step"] == 32
     assert metrics["test_acc"] > 0.7  # it continued from trained weights, not from scratch
     assert torch.load(ckpt / "last.pt", weights_only=False)["epoch"] == 2
 
