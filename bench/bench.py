@@ -447,6 +447,12 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
     cuda = device.type == "cuda"
     n = 8192 if cuda else 2048
     peaks = {}
+
+    def matmul(a, b) -> None:  # one call, finished (CUDA queues it: wait for it)
+        torch.matmul(a, b)
+        if cuda:
+            torch.cuda.synchronize(device)
+
     tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
         for name, dtype, allow_tf32 in [
@@ -460,19 +466,15 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
             while True:  # a smaller side while one call is slow (emulated)
                 a, b = (torch.randn(side, side, device=device).to(dtype) for _ in range(2))
                 start = time.perf_counter()
-                torch.matmul(a, b)
-                if cuda:
-                    torch.cuda.synchronize(device)
+                matmul(a, b)
                 if time.perf_counter() - start < seconds / 10 or side <= 128:
                     break
                 side //= 2
-            torch.matmul(a, b)  # a second warm-up call at that side (handles, kernel choice, threads are ready)
+            matmul(a, b)  # a second warm-up call at that side (handles, kernel choice, threads are ready)
             calls, start = 0, time.perf_counter()
             while (elapsed := time.perf_counter() - start) < seconds or not calls:
-                torch.matmul(a, b)
+                matmul(a, b)
                 calls += 1
-                if cuda:
-                    torch.cuda.synchronize(device)
             peaks[name] = 2 * side**3 * calls / elapsed / 1e12
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -495,8 +497,8 @@ def of_peak(achieved, precision, env: dict, model=None, gpus=0):
     """achieved TFLOP/s (all devices of the run together) over the measured matmul peak of one device in the run's
     dtype (`measure_gemm_peak`) times the GPUs it used (on a CPU the processes share the one measured), or None."""
     peak = (env.get("gemm_peak_tflops") or {}).get(matmul_dtype(precision, model))
-    devices = max(int(gpus), 1) if gpus == gpus and gpus else 1
-    return achieved / (peak * devices) if peak and achieved == achieved and achieved else None
+    devices = int(gpus) if pd.notna(gpus) and gpus else 1
+    return achieved / (peak * devices) if peak and pd.notna(achieved) and achieved else None
 
 
 def gemm_peak_in_a_child(python: str, gpus: int, seconds: float = 1.0) -> dict[str, float]:
