@@ -41,11 +41,13 @@ import matplotlib  # noqa: E402
 matplotlib.use("Agg")  # no display needed
 import diff_pages  # noqa: E402
 import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import common  # noqa: E402
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 # What a configuration is (the same in each of its runs), then what a run measures.
 CONFIG_FIELDS = [
@@ -80,12 +82,15 @@ RUN_FIELDS = [
     "activation_mib",
     "flops_per_image",
     "achieved_tflops",
+    "graphs_compiled",
+    "recompiled_steps",
     "params",
     "params_per_rank",
     "test_acc",
     "time_to_target_s",
     "train_s",
     "steps",
+    "lr",
 ]
 MEDIAN_FIELDS = [
     "images_per_s",
@@ -102,15 +107,43 @@ MEDIAN_FIELDS = [
     "activation_mib",
     "flops_per_image",
     "achieved_tflops",
+    "graphs_compiled",
+    "recompiled_steps",
     "params",
     "params_per_rank",
     "test_acc",
     "time_to_target_s",
     "train_s",
+    "lr",
 ]
 
 
 INPUT_BOUND = 0.25  # data-wait fraction from which a run counts as limited by its input
+BELOW_CEILING = 0.9  # share of its synthetic ceiling under which a run is limited by its input's cost on the host
+KNOBS = {"workers": "DataLoader workers", "global_batch": "global batch"}  # what a sweep may vary (metrics fields)
+
+# Dense (no sparsity) peak TFLOP/s per dtype of known GPUs, from NVIDIA's published figures: the of-datasheet column.
+# The datasheets print the tensor-core figures with 2:4 sparsity; the dense ones are half, as the whitepapers list.
+DATASHEET_PEAKS = {
+    "H100 80GB HBM3": (  # H100 SXM5
+        {"float16": 989.4, "bfloat16": 989.4, "tf32": 494.7, "float32": 66.9},
+        "NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 SXM5: dense FP16/BF16 tensor 989.4, TF32 494.7, "
+        "FP32 66.9 TFLOP/s",
+    ),
+    "H100 PCIe": (
+        {"float16": 756.5, "bfloat16": 756.5, "tf32": 378.0, "float32": 51.2},
+        "NVIDIA H100 Tensor Core GPU Architecture whitepaper, H100 PCIe: dense FP16/BF16 tensor 756.5, TF32 378.0, "
+        "FP32 51.2 TFLOP/s",
+    ),
+    "H200": (
+        {"float16": 989.4, "bfloat16": 989.4, "tf32": 494.7, "float32": 66.9},
+        "NVIDIA H200 datasheet (SXM): FP16/BF16 tensor 1,979 and TF32 989 TFLOP/s with sparsity (dense: half), FP32 67",
+    ),
+    "A100": (
+        {"float16": 312.0, "bfloat16": 312.0, "tf32": 156.0, "float32": 19.5},
+        "NVIDIA A100 Tensor Core GPU datasheet: dense FP16/BF16 tensor 312, TF32 156, FP32 19.5 TFLOP/s",
+    ),
+}
 
 
 def fail(message: str) -> None:
@@ -121,7 +154,7 @@ def fail(message: str) -> None:
 PROFILE_KEYS = {"repeats", "timeout_s", "args", "gemm_seconds", "runs"}  # what profiles.toml's header comment documents
 RUN_KEYS = {
     "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
-    "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note",
+    "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob",
 }  # fmt: skip
 
 
@@ -161,6 +194,16 @@ def load_profile(matrix: Path, profile: str) -> dict:
         for key in ("baseline", "rung_base", "ceiling", "ablation_of"):
             if key in run and run[key] not in names:
                 fail(f"{at}: {key} {run[key]!r} is not the name of a run of the profile")
+        if _names(run.get("ladder", [])) is None:
+            fail(f"{at}: ladder must be a name or a list of names, got {run['ladder']!r}")
+        if run.get("requires", "cuda") not in ("cuda", "bf16"):
+            fail(f'{at}: requires must be "cuda" or "bf16", got {run["requires"]!r}')
+        sweeps, knobs = (_names(run.get(key, [])) for key in ("sweep", "knob"))
+        if sweeps is None or knobs is None or len(sweeps) != len(knobs) or not set(knobs) <= set(KNOBS):
+            fail(
+                f"{at}: a sweep row needs sweep (its name) and knob, one of {', '.join(KNOBS)} (or two lists of "
+                "the same length: the row is a point of each sweep)"
+            )
         _check_values(run, at)
     shared = table.get("args", [])  # the profile's flags for every row, before the row's own (which win)
     for run in runs:
@@ -169,6 +212,13 @@ def load_profile(matrix: Path, profile: str) -> dict:
         run.setdefault("repeats", table.get("repeats", 1))
         run.setdefault("timeout_s", table.get("timeout_s", 600))
     return table
+
+
+def _names(value) -> list[str] | None:
+    """A `ladder` / `sweep` / `knob` value as a list (one name, or a list of them), None when it is neither."""
+    if isinstance(value, str):
+        return [value]
+    return value if isinstance(value, list) and all(isinstance(v, str) for v in value) else None
 
 
 def _known_keys_only(entry, known: set[str], at: str) -> None:
@@ -192,10 +242,13 @@ def _check_values(entry: dict, at: str) -> None:
             fail(f"{at}: {key} must be a positive integer, got {entry[key]!r}")
 
 
-def skip_reason(run: dict, gpus: int) -> str | None:
-    """Why `run` cannot run on this machine (`requires`, `min_gpus`), or None."""
+def skip_reason(run: dict, gpus: int, bf16: bool = True) -> str | None:
+    """Why `run` cannot run on this machine (`requires` "cuda" or "bf16": a CPU with bf16 instructions, `bf16`;
+    `min_gpus`), or None."""
     if run.get("requires") == "cuda" and gpus == 0:
         return "needs a CUDA GPU"
+    if run.get("requires") == "bf16" and not bf16:
+        return "this CPU has no bf16 instructions (bf16 would run emulated, several times slower)"
     if gpus < run.get("min_gpus", 0):
         return f"needs ≥ {run['min_gpus']} GPUs, this machine has {gpus}"
     return None
@@ -204,7 +257,8 @@ def skip_reason(run: dict, gpus: int) -> str | None:
 def command(run: dict, metrics: Path, python: str, gpus: int) -> list[str]:
     """The argv that runs `run` once and writes its metrics JSON to `metrics`."""
     script = str(REPO / run["script"])
-    tail = [script, *map(str, run["args"]), "--metrics-out", str(metrics)]
+    out = str(metrics.parent.parent.resolve())  # an argument may name the result folder as {out} (a trace's folder)
+    tail = [script, *(str(a).replace("{out}", out) for a in run["args"]), "--metrics-out", str(metrics)]
     if run["launcher"] == "torchrun":
         nproc = gpus if run.get("nproc") == "gpus" else int(run.get("nproc", 1))
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *tail]
@@ -371,6 +425,10 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
     else:
         record = json.loads(metrics.read_text())
         row.update({key: record.get(key) for key in RUN_FIELDS}, status=record.get("status", "ok"), reason="")
+        resolved = record.get("args") or {}  # the script's flags, every one with its value
+        row["lr"] = resolved.get("lr")  # a batch-size sweep scales it: the table shows it
+        if row.get("workers") is None:  # the loaders report their workers; the training scripts have the flag
+            row["workers"] = resolved.get("workers")
         if record.get("images_per_s") is None:
             row["reason"] = record.get("images_per_s_note") or "images/s not measured"
         row["epochs"] = json.dumps(record.get("epochs", []))
@@ -389,7 +447,8 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
             "technique": None,
             "note": run.get("note", ""),
             "baseline": run.get("baseline", ""),
-            "ladder": run.get("ladder", ""),
+            # a row may be a rung of several ladders (a point of several sweeps): the names joined by " | "
+            **{key: " | ".join(_names(run.get(key, [])) or []) for key in ("ladder", "sweep", "knob")},
             "rung_base": run.get("rung_base", ""),
             "ceiling": run.get("ceiling", ""),
             "ablation_of": run.get("ablation_of", ""),
@@ -432,7 +491,14 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
             speed.get(c, float("nan")) / speed[b] if b in speed else None
             for c, b in zip(summary.config, summary[other], strict=True)
         ]
-    summary["limited_by"] = [limited_by(w) for w in pd.to_numeric(summary.data_wait_frac, errors="coerce")]
+    summary["limited_by"] = [
+        limited_by(w, c)
+        for w, c in zip(
+            pd.to_numeric(summary.data_wait_frac, errors="coerce"),
+            pd.to_numeric(summary.of_ceiling, errors="coerce"),
+            strict=True,
+        )
+    ]
     return summary
 
 
@@ -516,12 +582,41 @@ def gemm_peak_in_a_child(python: str, gpus: int, seconds: float = 1.0) -> dict[s
         return {}
 
 
-def limited_by(data_wait: float) -> str:
-    """ "input" when the steps waited for data 25 % of the time or more, else "compute" (the device and the host's
-    queueing of its work); "–" when not measured. A loader-only row is input by construction."""
+def limited_by(data_wait: float, of_ceiling: float | None = None) -> str:
+    """What limited a run: "input" when its steps waited for data 25 % of the time or more; "input (below ceiling)"
+    when they waited less but the run reached under 90 % of its ceiling (the same model on a synthetic batch already
+    on the device): the input pipeline's work takes time the training needs, which data-wait alone does not show (on
+    a CPU, decoding takes the cores it trains on; on a GPU, workers compete with the host thread that queues the
+    kernels, and DALI's `mixed` decoding runs on the same GPU); else
+    "compute" (the device and the host's queueing of its work). "–" when not measured. A loader-only row is input by
+    construction."""
     if data_wait is None or pd.isna(data_wait):
         return "–"
-    return "input" if data_wait >= INPUT_BOUND else "compute"
+    if data_wait >= INPUT_BOUND:
+        return "input"
+    if of_ceiling is not None and pd.notna(of_ceiling) and of_ceiling < BELOW_CEILING:
+        return "input (below ceiling)"
+    return "compute"
+
+
+def datasheet(env: dict) -> tuple[dict, str] | None:
+    """(dense peak TFLOP/s by dtype, source) of the run's GPU when it is in DATASHEET_PEAKS, else None (a CPU,
+    an unknown GPU)."""
+    for name in (env.get("gpus") or [])[:1]:
+        for key, value in DATASHEET_PEAKS.items():
+            if key in name and "NVL" not in name:  # H200 NVL / H100 NVL have lower clocks: not listed
+                return value
+    return None
+
+
+def of_datasheet(achieved, precision, env: dict, model=None, gpus=0):
+    """achieved TFLOP/s (all GPUs of the run) over the datasheet's dense peak of the run's dtype times its GPUs, or
+    None (no datasheet for this device, nothing counted)."""
+    sheet = datasheet(env)
+    if not sheet or not pd.notna(gpus) or not gpus:  # a run on the CPU of a GPU machine has no GPU datasheet
+        return None
+    peak = sheet[0].get(matmul_dtype(precision, model))
+    return achieved / (peak * int(gpus)) if peak and pd.notna(achieved) and achieved else None
 
 
 def cpu_line(env: dict) -> str:
@@ -564,6 +659,24 @@ def _fmt(value, spec: str, scale: float = 1.0, missing: str = "–") -> str:
         return missing
 
 
+def _peak_cells(r: dict, env: dict) -> dict:
+    """A row's FLOP/s cells: TFLOP/s achieved, its share of the measured matmul peak and, for a GPU with a known
+    datasheet, of the datasheet's dense peak."""
+    args = (r.get("achieved_tflops"), r.get("precision"), env, r.get("model"), r.get("gpus") or 0)
+    cells = {"TFLOP/s": _fmt(r.get("achieved_tflops"), ".3g"), "of peak": _fmt(of_peak(*args), ".1%")}
+    if datasheet(env):
+        cells["of datasheet"] = _fmt(of_datasheet(*args), ".1%")
+    return cells
+
+
+def _groups(summary: pd.DataFrame, key: str) -> list[tuple[str, pd.DataFrame]]:
+    """(name, rows in matrix order) per group of `key` ("ladder", "memory", "sweep"); a row's ladder cell may name
+    several ladders, joined by " | " (train.py is the first rung of the bf16 and of the float32 ladder)."""
+    names = [[n for n in _text(v).split(" | ") if n] for v in summary[key]]
+    order = list(dict.fromkeys(n for row in names for n in row))
+    return [(n, summary[[n in row for row in names]]) for n in order]
+
+
 def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str) -> str:
     """table.md: hardware, versions and commit in the header, then the ladder(s), the training table and the
     input-pipeline table."""
@@ -577,7 +690,10 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
         f"images/s: global (summed over processes), steady state (warm-up steps excluded), median over {repeats} "
         '(min–max in brackets when repeated); "not measured" when a run had no step after its warm-up. Speed-up: '
         "median images/s over the baseline configuration's. Limited by: input when the steps waited for data "
-        f"{100 * INPUT_BOUND:.0f} % of the time or more, else compute. World size: processes; GPUs: devices the run "
+        f"{100 * INPUT_BOUND:.0f} % of the time or more; input (below ceiling) when they waited less but the row reached "
+        f"under {100 * BELOW_CEILING:.0f} % of its ceiling (the same model on a synthetic batch already on the "
+        "device): decoding takes the CPU time training needs, which data-wait does not show; else compute. "
+        "World size: processes; GPUs: devices the run "
         "used (0 on CPU). Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
         "Fashion-MNIST test images after the last epoch (loaders: over the folder's val/ images). First step: "
         "seconds of the first training step, where torch.compile compiles (its `compile_s`), cuDNN autotunes and "
@@ -587,13 +703,15 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
         "torch.utils.flop_counter on one step, as they ran (an activation-checkpointing recompute counts: hardware "
         "FLOPs); TFLOP/s: that x images/s, all devices together; of peak: over this machine's measured matmul peak "
         f"in the dtype the run computed in, per device used ({peak_line(env)}): how much of the hardware the run "
-        "uses, the rest is what is left to gain.\n\n"
+        "uses, the rest is what is left to gain"
+        + (f"; of datasheet: over the GPU's dense peak in that dtype ({datasheet(env)[1]})" if datasheet(env) else "")
+        + ".\n\n"
     )
     is_ablation = summary.ablation_of.map(_text).to_numpy() != ""
-    text = header + ladder_markdown(summary)
+    text = header + ladder_markdown(summary, env)
     if (~is_loader & ~is_ablation).any():
         text += "## Training scripts\n\n" + _training_table(summary[~is_loader & ~is_ablation], env) + "\n"
-    text += memory_markdown(summary)
+    text += memory_markdown(summary, env) + sweep_markdown(summary)
     if is_ablation.any():
         text += (
             "## Ablations: one change left out\n\nEach row runs a configuration with one of its changes left out "
@@ -603,17 +721,16 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
             + "\n"
         )
     if is_loader.any():
-        text += "## Input pipelines (JPEG files)\n\n" + _loader_table(summary[is_loader]) + "\n"
+        text += "## Input pipelines (JPEG files)\n\n" + _loader_table(summary[is_loader], env) + "\n"
     return text
 
 
-def ladder_markdown(summary: pd.DataFrame) -> str:
+def ladder_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
     """One table per ladder of the profile (rows with `ladder = NAME`, in matrix order): each rung's images/s, its
-    speed-up over its base rung (the lesson of that step) and over the ladder's first rung (cumulative), peak memory,
-    test accuracy and time to the target accuracy."""
+    speed-up over its base rung (the lesson of that step) and over the ladder's first rung (cumulative), TFLOP/s and
+    share of the peak (`env`'s), what torch.compile compiled, peak memory, test accuracy and time to the target."""
     text = ""
-    ladder = summary.ladder.map(_text)
-    for name, rungs in summary[ladder != ""].groupby(ladder[ladder != ""], sort=False):
+    for name, rungs in _groups(summary, "ladder"):
         rows = []
         first = rungs.iloc[0]
         for r in rungs.to_dict("records"):
@@ -632,6 +749,8 @@ def ladder_markdown(summary: pd.DataFrame) -> str:
                     if pd.notna(r.get("of_ceiling"))
                     else "–",
                     "limited by": r.get("limited_by") or "–",
+                    **_peak_cells(r, env or {}),
+                    "compiled": _compiled(r),
                     "peak mem (GiB)": ("host " + _fmt(r.get("peak_host_rss_gib"), ".2f"))
                     if on_cpu
                     else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
@@ -647,13 +766,58 @@ def ladder_markdown(summary: pd.DataFrame) -> str:
     return text
 
 
-def memory_markdown(summary: pd.DataFrame) -> str:
+def _compiled(r: dict) -> str:
+    """torch.compile's count: graphs compiled and the later steps that recompiled (kept out of images/s)."""
+    graphs = r.get("graphs_compiled")
+    if graphs is None or pd.isna(graphs):
+        return "–"
+    return f"{graphs:.0f} graph(s), {_fmt(r.get('recompiled_steps'), '.0f', missing='0')} recompile(s)"
+
+
+def _sweeps(summary: pd.DataFrame) -> list[tuple[str, pd.DataFrame, str]]:
+    """(name, rows sorted by the knob's value, knob) per sweep of the summary."""
+    sweeps = []
+    for name, rows in _groups(summary, "sweep"):
+        first = rows.iloc[0]
+        knob = _text(first.knob).split(" | ")[_text(first.sweep).split(" | ").index(name)]
+        order = pd.to_numeric(rows[knob], errors="coerce") if knob in rows else pd.Series(range(len(rows)))
+        sweeps.append((name, rows.iloc[np.argsort(order.to_numpy(dtype=float), kind="stable")], knob))  # NaN last
+    return sweeps
+
+
+def sweep_markdown(summary: pd.DataFrame) -> str:
+    """One table per sweep (rows with `sweep = NAME` and `knob`, in matrix order): the knob's value, images/s and
+    × the first point, data-wait, step time, the learning rate (a batch-size sweep scales it linearly) and test
+    accuracy."""
+    text = ""
+    for name, rows, knob in _sweeps(summary):
+        first = rows.iloc[0]
+        table = [
+            {
+                KNOBS.get(knob, knob): _fmt(r.get(knob), ".0f"),
+                "images/s": _images_per_s(r),
+                "× the first": _x(_ratio(r.get("images_per_s"), first.get("images_per_s"))),
+                "data-wait": _wait(r),
+                "step p50 (ms)": _fmt(r.get("step_ms_p50"), ".1f"),
+                "lr": _fmt(r.get("lr"), ".3g"),
+                "test acc": _acc(r),
+                "status": _status(r),
+            }
+            for r in rows.to_dict("records")
+        ]
+        text += (
+            f"## Sweep: {name}\n\nOne knob varied, everything else fixed; images/s against it, with data-wait beside "
+            "it (sweeps.png plots both).\n\n" + pd.DataFrame(table).to_markdown(index=False) + "\n\n"
+        )
+    return text
+
+
+def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
     """One table per memory comparison of the profile (rows with `memory = NAME`, in matrix order; the first is the
     reference): parameters per process, activation memory (what autograd kept for backward in one step, measured),
     peak memory per process, images/s, and each against the reference's."""
     text = ""
-    group = summary.memory.map(_text)
-    for name, rows in summary[group != ""].groupby(group[group != ""], sort=False):
+    for name, rows in _groups(summary, "memory"):
         first = rows.iloc[0]
         table = []
         for r in rows.to_dict("records"):
@@ -673,6 +837,7 @@ def memory_markdown(summary: pd.DataFrame) -> str:
                     else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                     "images/s": _images_per_s(r),
                     "images/s ×": _x(_ratio(r.get("images_per_s"), first.get("images_per_s"))),
+                    **_peak_cells(r, env or {}),
                     "status": _status(r),
                 }
             )
@@ -729,7 +894,7 @@ def _wait(r: dict) -> str:
     return _fmt(r.get("data_wait_frac"), ".1f", 100) + (" %" if pd.notna(r.get("data_wait_frac")) else "")
 
 
-def _loader_table(summary: pd.DataFrame) -> str:
+def _loader_table(summary: pd.DataFrame, env: dict | None = None) -> str:
     """One row per input-pipeline configuration: pipeline, workers / threads, loader-only or end to end, data-wait."""
     rows = []
     for r in summary.to_dict("records"):
@@ -752,6 +917,8 @@ def _loader_table(summary: pd.DataFrame) -> str:
                 "step p50 (ms)": _fmt(r.get("step_ms_p50"), ".1f"),
                 "data-wait": _wait(r),
                 "limited by": r.get("limited_by") or "–",
+                "of its ceiling": _fmt(r.get("of_ceiling"), ".0%"),
+                **_peak_cells(r, env or {}),
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else _fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                 "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
                 "test acc": _acc(r),
@@ -806,11 +973,7 @@ def _training_table(summary: pd.DataFrame, env: dict) -> str:
                 "host RSS (GiB)": _fmt(r.get("peak_host_rss_gib"), ".2f"),
                 "activations (MiB)": _fmt(r.get("activation_mib"), ".1f"),
                 "GFLOPs/image": _fmt(r.get("flops_per_image"), ".3g", 1e-9),
-                "TFLOP/s": _fmt(r.get("achieved_tflops"), ".3g"),
-                "of peak": _fmt(
-                    of_peak(r.get("achieved_tflops"), r.get("precision"), env, r.get("model"), r.get("gpus") or 0),
-                    ".1%",
-                ),
+                **_peak_cells(r, env),
                 "test acc": _acc(r),
                 "first step (s)": _fmt(r.get("first_step_s"), ".1f"),
                 "time to target (s)": _fmt(r.get("time_to_target_s"), ".1f"),
@@ -899,13 +1062,13 @@ def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> No
     ax.legend(fontsize=8)
     _save(fig, out / "data_wait.png")
     plot_ladders(summary, out, title)
+    plot_sweeps(summary, out, title)
 
 
 def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
     """ladder.png: one panel per ladder, images/s per rung, labelled with × its base rung and × the first rung; a
     rung slower than its base in red, so that a technique that does not pay on this machine stands out."""
-    ladder = summary.ladder.map(_text)
-    ladders = list(summary[ladder != ""].groupby(ladder[ladder != ""], sort=False))
+    ladders = _groups(summary, "ladder")
     if not ladders:
         return
     fig, axes = plt.subplots(len(ladders), 1, figsize=(10, 1.2 + 2.2 * len(ladders)), squeeze=False)
@@ -931,6 +1094,105 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
     _save(fig, out / "ladder.png")
 
 
+def plot_sweeps(summary: pd.DataFrame, out: Path, title: str) -> None:
+    """sweeps.png: one panel per sweep, images/s against the knob (left axis) and data-wait in % (right axis)."""
+    sweeps = _sweeps(summary)
+    if not sweeps:
+        return
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.5 * len(sweeps), 4), squeeze=False)
+    for ax, (name, rows, knob) in zip(axes[0], sweeps, strict=True):
+        ok = rows[rows.status == "ok"]
+        if ok.empty or knob not in ok:  # no point of this sweep finished: an empty panel
+            ax.set_title(f"{name}: no point finished", fontsize=9)
+            continue
+        x = pd.to_numeric(ok[knob], errors="coerce")
+        ax.plot(x, pd.to_numeric(ok.images_per_s, errors="coerce"), marker="o", color="tab:blue")
+        ax.set_xlabel(KNOBS.get(knob, knob))
+        ax.set_ylabel("images/s", color="tab:blue")
+        ax.set_ylim(bottom=0)
+        if knob == "global_batch":
+            ax.set_xscale("log", base=2)
+            ax.minorticks_off()
+        ax.set_xticks(list(x), [f"{v:.0f}" for v in x])
+        wait = ax.twinx()
+        wait.plot(x, 100 * pd.to_numeric(ok.data_wait_frac, errors="coerce"), marker="s", color="tab:red", ls="--")
+        wait.set_ylabel("data-wait (% of step time)", color="tab:red")
+        wait.set_ylim(0, 100)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Sweeps: {title}", fontsize=11)
+    fig.tight_layout()
+    _save(fig, out / "sweeps.png")
+
+
+def count_flops_per_image(model: str, channels: int, image_size: int) -> float:
+    """Training FLOPs of one image (forward + backward of `model` on a (2, channels, image_size, image_size) float32
+    batch, cross-entropy loss), counted with torch.utils.flop_counter.FlopCounterMode on the CPU, divided by 2. The
+    count depends on the shapes only, not on the device, dtype or memory format: the same number the Meter counts
+    in a run."""
+    net = common.build_model(model, channels, image_size)
+    x, y = torch.randn(2, channels, image_size, image_size), torch.tensor([0, 1])
+    with FlopCounterMode(display=False) as counter:
+        torch.nn.functional.cross_entropy(net(x), y).backward()
+    return counter.get_total_flops() / 2
+
+
+def peak_table(out: Path) -> str:
+    """peak.md for a result folder measured before the runs counted their FLOPs (or on a GPU this machine does not
+    have): every ok row's GFLOPs per image (from its metrics, else counted here with `count_flops_per_image` from
+    its model and input shape), its TFLOP/s (that x its images/s) and the share of the datasheet's dense peak of its
+    GPU in its dtype (DATASHEET_PEAKS) and of the measured matmul peak when env.json has one. Raises OSError /
+    ValueError when OUT has no runs.csv or env.json."""
+    runs, env = pd.read_csv(out / "runs.csv", dtype={"config": str}), json.loads((out / "env.json").read_text())
+    counted, rows = {}, []
+    for r in runs[runs.status == "ok"].to_dict("records"):
+        record = json.loads((out / "metrics" / Path(str(r["log"])).with_suffix(".json").name).read_text())
+        resolved = record.get("args") or {}
+        argv = str(r.get("command", "")).split()  # older metrics have no resolved args: the command line has them
+        for flag in ("--model", "--image-size"):
+            if flag in argv[:-1] and not resolved.get(flag[2:].replace("-", "_")):
+                resolved[flag[2:].replace("-", "_")] = argv[argv.index(flag) + 1]
+        model = record.get("model") or resolved.get("model")
+        if not model or model not in ("mlp", "cnn", "resnet18", "resnet50", "vit"):
+            continue  # a loader-only row trains no model
+        fashion_mnist = record.get("dataset") == "fashion-mnist" and not str(record.get("script")).startswith("loader")
+        channels = 1 if fashion_mnist else 3  # common.input_shape; the loaders read RGB JPEGs
+        size = 28 if fashion_mnist else int(record.get("image_size") or resolved.get("image_size") or 224)
+        flops, where = record.get("flops_per_image"), "in the run"
+        if not flops:
+            key = (model, channels, size)
+            counted.setdefault(key, count_flops_per_image(*key))
+            flops, where = counted[key], "counted here"
+        achieved = flops * r["images_per_s"] / 1e12
+        rows.append(
+            {
+                "configuration": r["config"],
+                "model": model,
+                "input": f"{channels}x{size}x{size}",
+                "precision": r.get("precision") or "–",
+                "images/s": _fmt(r["images_per_s"], ",.1f"),
+                "GFLOPs/image": f"{flops / 1e9:.3g} ({where})",
+                "TFLOP/s": _fmt(achieved, ".3g"),
+                "of peak": _fmt(of_peak(achieved, r.get("precision"), env, model, r.get("gpus") or 0), ".1%"),
+                "of datasheet": _fmt(of_datasheet(achieved, r.get("precision"), env, model, r.get("gpus") or 0), ".1%"),
+            }
+        )
+    sheet = datasheet(env)
+    return (
+        f"# Where the rows stand against the peak\n\n{hardware_line(env)}\n\n"
+        "Written by `python bench/bench.py --peak-table OUT` from this folder's runs.csv, metrics/ and env.json: "
+        "GFLOPs/image are training FLOPs (forward + backward) counted with torch.utils.flop_counter, in the run or, "
+        "for a run made before the runs counted them, here on the CPU from the model and its input shape (the count "
+        "does not depend on the device or dtype); TFLOP/s = that x images/s; of peak: over this machine's measured "
+        f"matmul peak in the run's dtype ({peak_line(env)}); of datasheet: over "
+        + (f"the GPU's dense peak in that dtype ({sheet[1]})" if sheet else "a datasheet (none known for this device)")
+        + ". A dtype: amp float16 / bfloat16 rows against the 16-bit tensor-core peak; fp32 rows with TF32 "
+        "convolutions against TF32 (the MLP and ViT, whose matmuls stay float32, against FP32).\n\n"
+        + pd.DataFrame(rows).to_markdown(index=False)
+        + "\n"
+    )
+
+
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
     common.atomic_write_text(path, frame.to_csv(index=False))
 
@@ -946,7 +1208,7 @@ def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, p
     repeats = sorted({run["repeats"] for run in matrix})
     table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)")
     common.atomic_write_text(out / "table.md", table_md)
-    ladders = ladder_markdown(summary)
+    ladders = ladder_markdown(summary, env)
     if ladders:
         common.atomic_write_text(
             out / "ladder.md", f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{ladders}"
@@ -983,7 +1245,22 @@ def main() -> None:
         help="run nothing: write the tables, plots and pages of OUT from its runs.csv and env.json (e.g. after the "
         "runner itself was killed before it wrote them)",
     )
+    parser.add_argument(
+        "--peak-table",
+        type=Path,
+        metavar="OUT",
+        help="run nothing: write OUT/peak.md, where OUT's rows stand against the datasheet and measured peaks (FLOPs "
+        "per image counted here for runs made before the runs counted them)",
+    )
     args = parser.parse_args()
+    if args.peak_table:
+        try:
+            text = peak_table(args.peak_table)
+        except (OSError, ValueError, KeyError) as error:
+            fail(f"--peak-table needs a result folder with runs.csv, metrics/ and env.json ({error})")
+        common.atomic_write_text(args.peak_table / "peak.md", text)
+        print(text)
+        return
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be 1 or more")
 
@@ -1003,7 +1280,9 @@ def main() -> None:
         if run.get("without_bf16") and not bf16:  # emulated bfloat16 is several times slower: run it shorter
             run["args"] = [*run["args"], *map(str, run["without_bf16"])]
             shorter = " ".join(map(str, run["without_bf16"]))
-            run["note"] = (run.get("note", "") + f" shortened ({shorter}): this CPU has no bf16 instructions").strip()
+            run["note"] = (
+                run.get("note", "") + f" bf16 emulated on this CPU (no bf16 instructions): shorter ({shorter})"
+            ).strip()
     out = args.out or REPO / "results" / "local" / profile
     problem = common.output_problem(out, is_folder=True)  # before any run: a folder it can write
     if problem:
@@ -1038,7 +1317,7 @@ def main() -> None:
             if stop.signal is not None:
                 break
             bar.set_description(f"{run['name']} r{k}")
-            reason = skip_reason(run, gpus)
+            reason = skip_reason(run, gpus, bf16)
             previous = done.get((run["name"], k))
             if reason:
                 row = {"config": run["name"], "repeat": k, "status": "skipped", "reason": reason}

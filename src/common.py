@@ -665,6 +665,7 @@ class Meter:
         self.steps = 0  # all steps, warm-up included
         self.images = 0  # images inside the window(s)
         self.windows = 0  # windows opened: more than one means epoch edges (or evaluations) fall between them
+        self.excluded_steps = 0  # steps after the warm-up kept out of the window: step(..., measured=False)
         self.window_s = self.wait_s = 0.0
         self.step_s: list[float] = []
         self.first_step_s = None
@@ -726,8 +727,12 @@ class Meter:
                 self._flop_counter.__enter__()
             yield batch
 
-    def step(self, n_images: int) -> None:
-        """Record the end of one optimizer step over `n_images` images (per process)."""
+    def step(self, n_images: int, measured: bool = True) -> None:
+        """Record the end of one optimizer step over `n_images` images (per process). `measured=False` keeps a step
+        after the warm-up out of images/s, step times and data-wait (train_compile.py: a step in which torch.compile
+        recompiled): the window closes at the previous step's end and a new one opens at this step's end. On a GPU,
+        work the previous steps left queued finishes inside that step and is left out too (at most a few steps'
+        worth against the seconds of a compile); `excluded_steps` in the summary counts such steps."""
         self._stop_counting()
         if self._flop_counter is not None:
             self._flop_counter.__exit__(None, None, None)
@@ -741,6 +746,12 @@ class Meter:
         if self._t_start is None:
             if self.steps >= self.warmup_steps:
                 self.resume()  # the window opens after the last warm-up step
+            return
+        if not measured:  # close the window at the previous step's end, open the next one now
+            self.window_s += self._t_last - self._t_start
+            self._t_start = self._t_last = self._sync()
+            self.windows += 1
+            self.excluded_steps += 1
             return
         now = time.perf_counter()
         self.step_s.append(now - self._t_last)
@@ -804,6 +815,7 @@ class Meter:
             "measured_steps": measured,
             "measured_s": self.window_s,
             "windows": self.windows,
+            "excluded_steps": self.excluded_steps,
             "first_step_s": self.first_step_s,
             "train_s": self.train_s,
             "activation_mib": self.activation_bytes / 2**20 if self.activation_bytes is not None else None,

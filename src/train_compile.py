@@ -11,9 +11,21 @@ a new input shape recompiles (the last partial batch: `drop_last=True`; `dynamic
 batch: evaluation runs the eager `model`, which also avoids the train/eval recompilation); checkpoints of the compiled
 module have an `_orig_mod.` prefix (save `model`, which torch.compile wrapped: its keys load into train.py's model);
 `.item()` or Python control flow on tensor values inside a model breaks the graph in two (keep them out of forward).
+A later recompile (a new shape, a guard that failed) is counted (`graphs_compiled`, `recompiled_steps` in the metrics,
+from `torch._dynamo.utils.counters`) and its step kept out of images/s, so the window measures only compiled steps
+(after 8 recompiles of one function Dynamo stops compiling it and runs it eagerly: TORCH_LOGS=recompiles shows that).
+
+On a CPU it pays only where eager mode's time goes to small elementwise ops and dtype casts, and this is measurable:
+`python bench/profile_step.py` profiles this rung's step eagerly and compiled (2-core EPYC, torch 2.15, logs in
+results/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/). For the small ViT in bf16 compile fuses autocast's
+casts (`aten::copy_` 371 ms per 10 steps eager, 52 ms compiled) and GELU: 1.14x. For the small CNN it loses (0.79x):
+the convolutions stay oneDNN calls either way, and Inductor's generated C++ loops for batch norm + max-pool forward
+and backward take 197 ms per 10 steps where ATen's vectorised kernels take 109 ms. A conv net with batch norm on a
+CPU: measure first.
 
     python src/train_compile.py                                      # float16 + NHWC + compile on CUDA
     python src/train_compile.py --compile-mode max-autotune          # longer compile, autotuned kernels
+    TORCH_LOGS=recompiles,graph_breaks python src/train_compile.py  # why a graph broke or recompiled
     python src/train_compile.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     diff src/train_channels_last.py src/train_compile.py            # only the lines marked `# new #`
 """
@@ -26,6 +38,7 @@ import warnings  # new #
 
 import torch
 import torch.nn as nn
+from torch._dynamo.utils import counters  # new # what Dynamo compiled: graphs, frames
 from torch.utils.data import DataLoader
 
 import common
@@ -129,6 +142,8 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+graphs = counters["stats"]["unique_graphs"]  # new # graphs compiled before training (0); a private API of Dynamo
+compile_steps = 0  # new # steps that compiled a graph: the first one, then any recompile
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
@@ -159,7 +174,10 @@ for epoch in range(start_epoch, args.epochs):
         step += 1
         epoch_steps += 1
         loss_sum += loss.detach()
-        meter.step(images.size(0))
+        recompiled = counters["stats"]["unique_graphs"] > graphs  # new # this step compiled a graph
+        graphs = counters["stats"]["unique_graphs"]  # new #
+        compile_steps += recompiled  # new #
+        meter.step(images.size(0), measured=not recompiled)  # new # a (re)compile stays out of images/s
         if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
@@ -182,6 +200,10 @@ for epoch in range(start_epoch, args.epochs):
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
+print(  # new #
+    f"torch.compile: {graphs} graph(s) compiled, {max(0, compile_steps - 1)} later step(s) recompiled "
+    "(kept out of images/s; TORCH_LOGS=recompiles says why)"
+)
 common.report(
     args,
     summary,
@@ -193,6 +215,8 @@ common.report(
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     compile_s=summary["first_step_s"],  # new # the first step, where the compile happens
+    graphs_compiled=graphs,  # new # 1: compiled once, at the first step; more: graph breaks or recompiles
+    recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

@@ -42,6 +42,7 @@ import warnings  # new #
 
 import torch
 import torch.nn as nn
+from torch._dynamo.utils import counters  # new # what Dynamo compiled: graphs, frames
 from torch.utils.data import DataLoader
 
 import common
@@ -271,6 +272,8 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
+graphs = counters["stats"]["unique_graphs"]  # new # graphs compiled before training (0); a private API of Dynamo
+compile_steps = 0  # new # steps that compiled a graph: the first one, then any recompile
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = []
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
@@ -301,7 +304,10 @@ for epoch in range(start_epoch, args.epochs):
         step += 1
         epoch_steps += 1
         loss_sum += loss.detach()
-        meter.step(images.size(0))
+        recompiled = counters["stats"]["unique_graphs"] > graphs  # new # this step compiled a graph
+        graphs = counters["stats"]["unique_graphs"]  # new #
+        compile_steps += recompiled  # new #
+        meter.step(images.size(0), measured=not recompiled)  # new # a (re)compile stays out of images/s
         if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
@@ -325,6 +331,10 @@ for epoch in range(start_epoch, args.epochs):
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
+print(  # new #
+    f"torch.compile: {graphs} graph(s) compiled, {max(0, compile_steps - 1)} later step(s) recompiled "
+    "(kept out of images/s; TORCH_LOGS=recompiles says why)"
+)
 common.report(
     args,
     summary,
@@ -336,6 +346,8 @@ common.report(
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     compile_s=summary["first_step_s"],  # new # the first step, where the compile happens
+    graphs_compiled=graphs,  # new # 1: compiled once, at the first step; more: graph breaks or recompiles
+    recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
     loader=f"DALI {'mixed' if device.type == 'cuda' else 'cpu'}" if args.dataset == "imagefolder" else None,  # new #
     workers=args.threads or max(1, args.workers) if args.dataset == "imagefolder" else None,  # new # DALI threads

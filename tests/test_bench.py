@@ -257,3 +257,35 @@ def test_a_stopped_torchrun_run_takes_its_workers_with_it(tmp_path):
     assert row["status"] == "interrupted", row
     assert "training cnn" in log.read_text() and len(workers) == 2  # both workers were there when it stopped
     assert not _alive(str(metrics)), "a torchrun worker outlived its stopped run"
+
+
+def test_limited_by_reads_data_wait_and_the_ratio_to_the_ceiling():
+    """A run that waits for data 25 % of its steps is input-bound; one that hardly waits but runs under 90 % of its
+    synthetic ceiling is limited by its input's cost on the host (loader.py end to end on 2 cores: 2.4 % wait, 59 %
+    of the ceiling); else compute."""
+    assert bench.limited_by(0.5) == "input"
+    assert bench.limited_by(0.024, 0.59) == "input (below ceiling)"
+    assert bench.limited_by(0.024, 0.95) == bench.limited_by(0.024) == "compute"
+    assert bench.limited_by(float("nan"), 0.5) == "–"
+
+
+def test_bf16_rows_skip_on_a_cpu_without_bf16_and_say_which_ladder_runs_them():
+    run = {"name": "train_compile.py cnn, bf16", "requires": "bf16"}
+    assert bench.skip_reason(run, gpus=0, bf16=True) is None
+    assert "no bf16 instructions" in bench.skip_reason(run, gpus=0, bf16=False)
+
+
+def test_datasheet_share_of_an_h100_row():
+    """ResNet-50 at 5,812 images/s, 24.3 GFLOPs per image in training (counted here, forward + backward), is about
+    141 TFLOP/s: 14 % of an H100 SXM's dense float16 peak (989.4 TFLOP/s, the whitepaper's)."""
+    flops = bench.count_flops_per_image("resnet50", 3, 224)
+    assert flops == pytest.approx(24.3e9, rel=0.01)
+    achieved = flops * 5811.9 / 1e12
+    env = {"gpus": ["NVIDIA H100 80GB HBM3"]}
+    assert bench.of_datasheet(achieved, "amp float16 + channels_last", env, "resnet50", 1) == pytest.approx(
+        achieved / 989.4
+    )
+    assert bench.of_datasheet(achieved, "fp32 (TF32 convs)", env, "resnet50", 1) == pytest.approx(achieved / 494.7)
+    assert bench.of_datasheet(achieved, "fp32", {"gpus": []}, "cnn", 0) is None  # a CPU has no datasheet here
+    assert bench.of_datasheet(achieved, "fp32", env, "cnn", 0) is None  # a --device cpu row on a GPU machine
+    assert bench.count_flops_per_image("mlp", 1, 28) == 818_176  # the hand count of tests/test_train.py

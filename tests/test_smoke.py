@@ -45,7 +45,7 @@ def test_smoke_profile_writes_tables_and_plots(smoke):
     assert "## Training scripts" in table and "## Input pipelines (JPEG files)" in table  # the two tables
     loaders = summary[summary.script.str.startswith("loader")]
     assert set(loaders.loader) == {"torch DataLoader", "DALI cpu"} and len(loaders) == 4
-    assert set(summary.limited_by) <= {"input", "compute"}
+    assert set(summary.limited_by) <= {"input", "input (below ceiling)", "compute"}
     assert (loaders[loaders.loader_only.astype(str) == "True"].limited_by == "input").all()  # they only wait for data
     env = json.loads((out / "env.json").read_text())
     assert env["matrix"] == "bench/profiles.toml" and env["git"]["commit"] and "bf16_instructions" in env
@@ -113,3 +113,22 @@ def test_smoke_rows_carry_flops_and_their_share_of_the_measured_matmul_peak(smok
         in table.splitlines()[[i for i, line in enumerate(table.splitlines()) if "## Training" in line][0] + 2]
     )
     assert f"{cnn.achieved_tflops / peaks['float32']:.1%}" in table
+
+
+def test_smoke_sweep_profile_trace_and_compile_count(smoke):
+    """The batch-size sweep (two points, lr scaled linearly) has its table and sweeps.png; the train_profile.py row
+    wrote its Chrome trace into the result folder ({out} in its args); train_compile.py compiled its graph once, at
+    the first step, and no later step recompiled."""
+    out, summary, _ = smoke
+    table = (out / "table.md").read_text()
+    section = table.split("## Sweep: batch size")[1].split("\n## ")[0]
+    rows = [
+        line for line in section.splitlines() if line.startswith("|") and "images/s" not in line and "---" not in line
+    ]
+    assert [line.split("|")[1].strip() for line in rows] == ["64", "128"]  # sorted by the knob
+    assert "0.005" in rows[0] and "0.01" in rows[1]  # the learning rate, scaled with the batch
+    assert _is_png(out / "sweeps.png")
+    traces = list((out / "trace").glob("trace-*.json"))
+    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
+    compiled = summary.set_index("config").loc["train_compile.py cnn, bf16"]
+    assert compiled.graphs_compiled >= 1 and compiled.recompiled_steps == 0
