@@ -1,9 +1,12 @@
 """Benchmark runner: every configuration of a profile as a subprocess, repeated, then tables and plots.
 
     python bench/bench.py --profile smoke --out /tmp/smoke          # CPU, seconds per run (what the tests run)
-    python bench/bench.py --profile cpu --out results/cpu-2core     # a 2-core laptop, about 13 minutes
+    python bench/bench.py --profile cpu --out results/cpu-2core     # a 2-core laptop (RUNALL_TIME)
     python bench/bench.py --profile auto                            # gpu when CUDA is present, else cpu
     python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: only what is missing
+    python bench/bench.py --profile cpu --out results/cpu-2core --only compile     # the configurations named so
+    python bench/bench.py --profile cpu --out results/cpu-2core --tables-only      # tables again from runs.csv
+    python bench/bench.py --peak-table results/gpu-h100-2026-11-23-ladder        # peak.md of a result folder
 
 The matrix is data: bench/profiles.toml (or --matrix FILE). Each run gets a timeout, its own log in OUT/logs/ and
 its metrics JSON in OUT/metrics/; a run that fails, runs out of memory or times out becomes a row with its status
@@ -13,9 +16,10 @@ OUT, each file atomically:
 runs.csv (one row per run), summary.csv (one row per configuration: median and min-max over the repeats, speed-up
 vs its baseline, over its rung's base, of its ceiling, and what limited it), table.md, ladder.md and ladder.png (the
 profile's speed-up ladders: each rung with its speed-up over its base and over the first rung), env.json (versions,
-hardware, CPU instruction sets, git commit), the plots throughput.png, accuracy_vs_time.png, memory.png,
-data_wait.png, and index.html with one side-by-side page per technique (bench/diff_pages.py) with this run's
-speed-ups.
+hardware, CPU instruction sets, git commit, and the device's measured dense matmul peak per dtype,
+`gemm_peak_tflops`), the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png and sweeps.png (the
+workers and batch-size sweeps), and index.html with one side-by-side page per technique (bench/diff_pages.py) with
+this run's speed-ups. docs/bench.md describes every flag, profile key, column and metrics key.
 """
 
 from __future__ import annotations
@@ -1225,7 +1229,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         default="auto",
-        help="smoke, cpu, gpu or any profile of --matrix; auto: gpu when torch sees a CUDA GPU, else cpu",
+        help="smoke, cpu, gpu or any profile of --matrix; auto: gpu when torch sees a CUDA GPU, else cpu (with "
+        "--tables-only: the profile the folder's env.json names)",
     )
     parser.add_argument("--out", type=Path, default=None, help="result folder (default: results/local/PROFILE)")
     parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default: the profile's)")
@@ -1265,6 +1270,9 @@ def main() -> None:
         parser.error("--repeats must be 1 or more")
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if args.tables_only and args.profile == "auto" and args.out and (args.out / "env.json").is_file():
+        with contextlib.suppress(OSError, ValueError):  # the folder's own profile, not this machine's
+            args.profile = json.loads((args.out / "env.json").read_text()).get("profile") or "auto"
     profile = args.profile if args.profile != "auto" else ("gpu" if gpus else "cpu")
     table = load_profile(args.matrix, profile)
     matrix = table["runs"]

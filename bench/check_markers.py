@@ -3,6 +3,7 @@
     python bench/check_markers.py                                 # every (base, variant) pair under src/
     python bench/check_markers.py src/train.py src/train_amp.py   # one pair: BASE VARIANT
     python bench/check_markers.py --tree                          # the chains of variants, as a tree
+    python bench/check_markers.py --stats src                     # lines each pair's diff changes, and the mean
 
 Prints `file:line: problem` for each problem and exits 1 if there is any, 0 (with one summary line) otherwise.
 The rules (docs/markers.md has them with examples):
@@ -22,6 +23,7 @@ The rules (docs/markers.md has them with examples):
   (none of its lines, closing brackets aside, is unchanged); in a statement changed in part (one keyword of a long
   call) each changed line has its own marker, and a marker on an unchanged line of it is a problem. A line whose
   code equals the base but whose comment or wrapping differs is a problem too (keep the base's).
+- The module docstring is the script's own text (what it shows, its run lines): never compared, never marked.
 - Also: a variant with no marker, a marker in a base, a comment that looks like a marker but is not spelled exactly
   `# new #`, a block that is unclosed, nested or ends twice.
 
@@ -70,6 +72,7 @@ class Parsed:
     notes: dict[int, str] = field(default_factory=dict)  # own-line markers: line -> "note", "begin", "end", "comment"
     marked_lines: dict[int, int] = field(default_factory=dict)  # line -> column where its trailing marker starts
     block_lines: set[int] = field(default_factory=set)  # lines inside a begin/end block
+    docstring: range = range(0)  # the module docstring's lines: a script's own text, never compared
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -83,10 +86,13 @@ class Parsed:
         return None
 
     def diff_lines(self) -> list[tuple[int, str, str]]:
-        """(line number, text, raw) of every non-blank line, as `diff -w` compares them: `raw` with all whitespace
-        removed, `text` the same without a trailing marker and what follows it (own-line marker lines keep theirs)."""
+        """(line number, text, raw) of every non-blank line outside the module docstring, as `diff -w` compares them:
+        `raw` with all whitespace removed, `text` the same without a trailing marker and what follows it (own-line
+        marker lines keep theirs)."""
         out = []
         for n, line in enumerate(self.lines, start=1):
+            if n in self.docstring:
+                continue
             raw = re.sub(r"\s+", "", line)
             text = re.sub(r"\s+", "", line[: self.marked_lines[n]]) if n in self.marked_lines else raw
             if raw:
@@ -224,7 +230,23 @@ def parse(path: Path, text: str | None = None) -> Parsed:
     if block_start is not None:
         problem(block_start, f"unclosed block: `{MARKER} begin` has no `{MARKER} end`")
         parsed.block_lines.update(range(block_start, len(parsed.lines) + 1))
+    parsed.docstring = _docstring_lines(source)
+    parsed.statements = [s for s in parsed.statements if s.line not in parsed.docstring]
     return parsed
+
+
+def _docstring_lines(source: str) -> range:
+    """The lines of the module docstring (empty when there is none or the file does not parse). A variant's
+    docstring is its own text (what it demonstrates, its run lines): it always differs from its base's, so the
+    checker and the diff counts leave it out, and it needs no marker."""
+    try:
+        body = ast.parse(source).body
+    except SyntaxError:
+        return range(0)
+    first = body[0] if body else None
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        return range(first.lineno, first.end_lineno + 1)
+    return range(0)
 
 
 @dataclass
@@ -443,13 +465,30 @@ def tree(src: Path = REPO / "src") -> str:
     return "\n".join(lines)
 
 
+def changed_lines(base_path: Path, variant_path: Path) -> int:
+    """How many lines `diff -w base variant` shows as removed or added, module docstrings and blank lines left out:
+    the size of a lesson's diff, the number `--stats` prints per pair."""
+    base, variant = parse(base_path).diff_lines(), parse(variant_path).diff_lines()
+    ops = opcodes([raw for _, _, raw in base], [raw for _, _, raw in variant])
+    return sum(i2 - i1 + j2 - j1 for tag, i1, i2, j1, j2 in ops if tag != "equal")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("files", nargs="*", type=Path, help="BASE VARIANT (default: every pair under src/)")
     parser.add_argument("--tree", action="store_true", help="print the chains of variants as a tree and exit")
+    parser.add_argument(
+        "--stats", type=Path, metavar="SRC", help="print each pair's changed lines (diff -w, docstrings left out)"
+    )
     args = parser.parse_args()
     if args.tree:
         print(tree())
+        return
+    if args.stats:
+        counts = {f"{v.name} vs {b.name}": changed_lines(b, v) for b, v in pairs(args.stats)}
+        for name, count in counts.items():
+            print(f"{count:5d}  {name}")
+        print(f"{sum(counts.values()) / max(1, len(counts)):7.1f}  mean lines changed per pair ({len(counts)} pairs)")
         return
     if len(args.files) not in (0, 2):
         parser.error("give no file (every pair under src/) or exactly two: BASE VARIANT")

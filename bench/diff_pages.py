@@ -6,7 +6,9 @@
 Static HTML with inline CSS: no server, no network, no JavaScript. index.html shows the chains of variants as a tree
 (each variant under the base it declares) and lists every (variant, base) pair with its technique and every speed-up
 and peak memory measured in the result folders (default: every folder under results/ with a summary.csv, newest
-first; per folder, the largest model first); one page per variant shows base and variant side by side. The alignment
+first; per folder, the largest model first); one page per variant shows base and variant side by side, and one page
+per chain (chain-<last rung>.html, e.g. train.py -> train_fast.py) shows which rung introduced each marked line.
+The module docstring is each script's own text (what it shows, its run lines): shown in blue, never compared. The alignment
 is the marker checker's (bench/check_markers.py: its parser and its minimal diff of logical lines), so both see the
 same statements: unchanged statements face each other, changed ones sit in one row, and each line the variant marks
 as new relative to its base carries its explanation in the right-hand column (markers inherited from earlier rungs are
@@ -28,7 +30,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO / "src"))
 
-from check_markers import Parsed, compare, opcodes, pairs, parse, title, tree  # noqa: E402
+from check_markers import Parsed, compare, declared_base, opcodes, pairs, parse, title, tree  # noqa: E402
 
 import common  # noqa: E402
 
@@ -45,6 +47,7 @@ pre { margin: 0; font: 12px/1.4 ui-monospace, monospace; white-space: pre-wrap; 
 .l { display: block; padding: 0 6px; } .n { color: #8c959f; display: inline-block; width: 3.5em; user-select: none; }
 .new { background: #dafbe1; border-left: 3px solid #1a7f37; }
 .old { background: #ffebe9; border-left: 3px solid #cf222e; }
+.own { background: #ddf4ff; border-left: 3px solid #0969da; }
 .why { font-size: 12px; color: #1a7f37; padding: 0 8px; }
 .why div { padding: 1px 0; } .legend span { padding: 1px 6px; margin-right: 8px; }
 .muted { color: #656d76; }
@@ -60,9 +63,16 @@ class Segment:
     text: str  # the logical line (tokens joined by spaces); "" for the lines after the last statement
 
 
+DOCSTRING = "<the module docstring>"
+
+
 def segments(parsed: Parsed, n_lines: int) -> list[Segment]:
-    """Cut a file into one Segment per statement of `parsed`, plus one for any trailing lines."""
+    """Cut a file into one Segment for the module docstring (with the lines above it), one per statement of
+    `parsed`, plus one for any trailing lines."""
     out, start = [], 1
+    if parsed.docstring:
+        out.append(Segment(1, parsed.docstring[-1], DOCSTRING))
+        start = parsed.docstring[-1] + 1
     for s in parsed.statements:
         out.append(Segment(start, s.end, s.text))
         start = s.end + 1
@@ -71,22 +81,35 @@ def segments(parsed: Parsed, n_lines: int) -> list[Segment]:
     return out
 
 
-def _code(lines: list[str], first: int, last: int, side: str, highlight: dict[int, str] | set[int]) -> str:
+def _code(
+    lines: list[str], first: int, last: int, side: str, highlight: dict[int, str] | set[int], own: range = range(0)
+) -> str:
     rows = []
     for n in range(first, last + 1):
-        css = ("new" if side == "v" else "old") if n in highlight else ""
+        css = ("new" if side == "v" else "old") if n in highlight else "own" if n in own else ""
         rows.append(
             f'<span class="l {css}" id="{side}{n}"><span class="n">{n}</span>{html.escape(lines[n - 1])}</span>'
         )
     return "<pre>" + "".join(rows) + "</pre>"
 
 
-def page(base: Path, variant: Path, measured: list[dict]) -> str:
-    """The HTML page of one pair: a header with the technique and its measured rows, then the aligned table."""
+def page(base: Path, variant: Path, measured: list[dict], chain: list[Path] | None = None) -> str:
+    """The HTML page of one pair: a header with the technique and its measured rows, then the aligned table.
+
+    With `chain` (the scripts from `base` down to `variant`, each the base of the next), the page shows a chain's
+    last rung against its root: each marked line's explanation starts with the rung that introduced it."""
     base_lines, variant_lines = base.read_text().splitlines(), variant.read_text().splitlines()
     base_parsed, variant_parsed = parse(base), parse(variant)
     base_segs, variant_segs = segments(base_parsed, len(base_lines)), segments(variant_parsed, len(variant_lines))
     new = compare(base, variant).new_lines
+    if chain:
+        rung = introduced_by(chain)
+        labelled = {}
+        for n, why in sorted(new.items()):  # the rung once for each run of its lines, and before each explanation
+            name = rung.get(n, variant.name)
+            first = n - 1 not in new or rung.get(n - 1, variant.name) != name
+            labelled[n] = f"{name}: {why}" if why else name if first else ""
+        new = labelled
     rows = []
     for tag, i1, i2, j1, j2 in opcodes([s.text for s in base_segs], [s.text for s in variant_segs]):
         if tag == "equal":  # one row per unchanged statement, facing its twin
@@ -96,11 +119,18 @@ def page(base: Path, variant: Path, measured: list[dict]) -> str:
         for bsegs, vsegs in blocks:
             changed = set() if tag == "equal" else {n for s in bsegs for n in range(s.first, s.last + 1)}
             left = "".join(_code(base_lines, s.first, s.last, "b", changed) for s in bsegs)
-            right = "".join(_code(variant_lines, s.first, s.last, "v", new) for s in vsegs)
+            right = "".join(_code(variant_lines, s.first, s.last, "v", new, variant_parsed.docstring) for s in vsegs)
             notes = [new[n] for s in vsegs for n in range(s.first, s.last + 1) if new.get(n)]
+            if any(s.text == DOCSTRING for s in vsegs):
+                notes.insert(0, "the script's own docstring: what it shows and its run lines (never compared)")
             why = "".join(f"<div>{html.escape(text)}</div>" for text in dict.fromkeys(notes))  # each text once
             rows.append(f'<tr class="{tag}"><td>{left}</td><td>{right}</td><td class="why">{why}</td></tr>')
     heading = technique(variant)
+    if chain:
+        heading = (
+            "The whole chain, " + " → ".join(c.name for c in chain) + ": every line a rung added, with the rung "
+            "that introduced it before its explanation"
+        )
     n_marked = len({n for n, why in new.items() if n in {s.line for s in variant_parsed.statements}})
     return _html(
         f"{variant.name} vs {base.name}",
@@ -116,6 +146,40 @@ def page(base: Path, variant: Path, measured: list[dict]) -> str:
         + "".join(rows)
         + "</table>",
     )
+
+
+def chain_of(variant: Path) -> list[Path]:
+    """The scripts from the root of `variant`'s chain down to `variant` (each the declared base of the next)."""
+    chain = [variant]
+    while (base := declared_base(chain[0])) and (chain[0].parent / base).is_file():
+        chain.insert(0, chain[0].parent / base)
+    return chain
+
+
+def introduced_by(chain: list[Path]) -> dict[int, str]:
+    """For each line of the chain's last script that some rung marked as new: the name of that rung.
+
+    A line is traced up the chain: if the rung marks it as new relative to its base (`compare(...).new_lines`) that
+    rung introduced it; otherwise it is followed to the base's line it is aligned with (the checker's minimal diff
+    of `diff -w` lines), and so on up to the root."""
+    *_, last = chain
+    found = {}
+    links = []  # per rung (last first): its new lines, and its lines' twins in its base
+    for base, rung in reversed(list(zip(chain, chain[1:]))):
+        b, v = parse(base).diff_lines(), parse(rung).diff_lines()
+        twin = {}
+        for tag, i1, i2, j1, j2 in opcodes([t for _, t, _ in b], [t for _, t, _ in v]):
+            if tag == "equal":
+                twin.update({vl[0]: bl[0] for bl, vl in zip(b[i1:i2], v[j1:j2], strict=True)})
+        links.append((rung.name, compare(base, rung).new_lines, twin))
+    for n in compare(chain[0], last).new_lines:
+        at = n
+        for name, new, twin in links:
+            if at in new or at not in twin:
+                found[n] = name
+                break
+            at = twin[at]
+    return found
 
 
 def technique(variant: Path) -> str:
@@ -199,6 +263,10 @@ def page_name(variant: Path) -> str:
     return f"diff-{variant.stem}.html"
 
 
+def chain_page_name(variant: Path) -> str:
+    return f"chain-{variant.stem}.html"
+
+
 def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src") -> list[Path]:
     """Write index.html and one page per pair into `out` (atomically, each file); return the paths written."""
     if results is None:
@@ -222,6 +290,15 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
             f'<tr><td><a href="{page_name(variant)}">{html.escape(variant.name)}</a></td>'
             f"<td>{html.escape(base.name)}</td><td>{html.escape(technique(variant))}</td><td>{effect}</td></tr>"
         )
+    has_variants = {declared_base(v) for _, v in pairs(src)}
+    chains = []
+    for _, variant in pairs(src):
+        chain = chain_of(variant)
+        if variant.name not in has_variants and len(chain) >= 3:  # a chain's last rung, two or more rungs down
+            written.append(_write(out / chain_page_name(variant), page(chain[0], variant, [], chain)))
+            chains.append(
+                f'<li><a href="{chain_page_name(variant)}">{html.escape(" → ".join(c.name for c in chain))}</a></li>'
+            )
     index = _html(
         "Techniques side by side",
         "<h1>PyTorch training speed-ups, side by side</h1><p>Each page shows a technique script next to its base "
@@ -233,7 +310,10 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
         f"({len(results)} folder(s) read).</p>"
         '<table class="pairs"><tr><th>variant</th><th>base</th><th>technique</th><th>measured effect</th></tr>'
         + "".join(items)
-        + "</table>",
+        + "</table><h2>Whole chains</h2><p>A chain's last rung against its root: which rung introduced each line.</p>"
+        + "<ul>"
+        + "".join(chains)
+        + "</ul>",
     )
     written.append(_write(out / "index.html", index))
     return written

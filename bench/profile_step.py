@@ -4,12 +4,13 @@
     python bench/profile_step.py --amp-dtype float32 --model vit   # another rung, another model
     python bench/profile_step.py --device cuda --model resnet50 --image-size 224 --batch-size 128
 
-The step is train_channels_last.py's (autocast, NHWC, AdamW) on one synthetic batch, run eagerly and then through
+The step is train_channels_last.py's (autocast, NHWC, AdamW; without its GradScaler and schedule) on one synthetic batch, run eagerly and then through
 torch.compile (train_compile.py's rung), each warmed up, timed (images/s over --steps steps) and profiled over 10
 steps with `torch.profiler`. Inductor's generated kernels are named in the table (`torch._inductor.config.cpp.
 enable_kernel_profile` on a CPU; Triton kernels on a GPU carry their fused ops' names), so the table says which fused
 kernels cost more or less than the eager ops they replace (that naming records each kernel call: the compiled
-images/s carries this small cost too). The README's "torch.compile on a CPU" comes from its log.
+images/s carries this small cost too). docs/techniques/train_compile.md and the README's CPU ladder quote its logs
+(results/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/).
 """
 
 import argparse

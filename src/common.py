@@ -89,8 +89,19 @@ def _fraction(text: str) -> float:
     return value
 
 
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Every flag with its default; the epilog (the script's run lines) kept as written."""
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each default said once: "(default: X)" after a flag's help unless the help already names its default, or
+    there is none to name (None, or off for an on/off flag); the epilog (the script's run lines) kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or any(action.default is x for x in (None, False, argparse.SUPPRESS))
+            or not action.option_strings
+        ):
+            return text
+        return text + " (default: %(default)s)"
 
 
 def _new_parser(doc: str | None) -> argparse.ArgumentParser:
@@ -117,7 +128,8 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         type=Path,
         default=None,
         help="folder with the four Fashion-MNIST *-ubyte.gz files (default: data/, then "
-        f"{DEBIAN_FASHION_MNIST}, then torchvision's download into data/)",
+        f"{DEBIAN_FASHION_MNIST}, then torchvision's download into data/); with --dataset imagefolder (train_fast.py), "
+        "the ImageFolder root",
     )
     p.add_argument(
         "--dataset",
@@ -129,7 +141,8 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         "--image-size",
         type=positive_int,
         default=None,
-        help="side in pixels of synthetic images, 3 x S x S (default 224); Fashion-MNIST is always 1 x 28 x 28",
+        help="side in pixels of synthetic images, 3 x S x S (default 224), or of the crops of --dataset imagefolder; "
+        "Fashion-MNIST is always 1 x 28 x 28",
     )
     p.add_argument(
         "--subset",
@@ -147,7 +160,7 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
 def get_image_folder_parser(doc: str | None = None) -> argparse.ArgumentParser:
     """The flags of the loader*.py scripts, which read an ImageFolder of image files (train/ and val/ inside).
 
-    The training flags of `get_parser`, with `--data-dir` the ImageFolder root, `--image-size` the crop side,
+    The training flags of `get_parser` (not --dataset, --subset or --clip-grad-norm), with `--data-dir` the ImageFolder root, `--image-size` the crop side,
     `--loader-only` to time the input pipeline alone, and `--amp-dtype` / `--channels-last` so that the end-to-end
     rows can run the model at the compute rate of train_amp.py / train_channels_last.py. Bad values exit 2.
     """
@@ -272,8 +285,9 @@ def input_shape(args: argparse.Namespace) -> tuple[int, int]:
 
 
 def precision_label(device: torch.device) -> str:
-    """How an fp32 model really computes: on CUDA, cuDNN runs convolutions in TF32 unless that is switched off."""
-    if device.type == "cuda" and torch.backends.cudnn.allow_tf32:
+    """How an fp32 model really computes: on a CUDA GPU with TF32 (compute capability 8.0 or newer: Ampere, Hopper),
+    cuDNN runs convolutions in TF32 unless that is switched off; older GPUs (V100, T4) have no TF32."""
+    if device.type == "cuda" and torch.backends.cudnn.allow_tf32 and torch.cuda.get_device_capability(device) >= (8, 0):
         return "fp32 (TF32 convs)"
     return "fp32"
 
@@ -488,8 +502,9 @@ def load_data(args: argparse.Namespace):
 def synthetic_data(args: argparse.Namespace, device: torch.device):
     """Return `(train_loader, test_loader)` of SyntheticLoader for `--dataset synthetic` (3 x S x S, S = 224 default).
 
-    An epoch is `--subset` images (default 10,240) rounded down to whole batches; the test loader is two batches,
-    so its accuracy is chance (~10 %) and the tables show it as synthetic.
+    An epoch is `--subset` images (default 10,240) rounded down to whole batches; the test loader yields the same
+    fixed random batch twice, so its accuracy measures how well the model memorised that batch (1.0 in the tables),
+    not generalisation: these rows are for images/s, and the tables label them synthetic.
     """
     channels, size = input_shape(args)
     steps = max(1, (args.subset or 10_240) // args.batch_size)
@@ -1077,7 +1092,9 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     """The closing call of every script: print the run's images/s line and write its metrics JSON (--metrics-out).
 
     `summary` is `Meter.summary()` (made global over ranks where there are several); `epochs` the `epoch_record`s.
-    `fields` are what the script says about itself: script, technique, precision, device, steps, test_images, and
+    `script` (the running file's name) and `technique` (its docstring's title: the first line up to the colon, e.g.
+    "Mixed precision (AMP)") are derived here, so a variant passes only what really differs.
+    `fields` are what the script says about itself: precision, device, steps, test_images, and
     where they differ from one process on one device: world_size (default 1), gpus (devices used; default 1 on
     CUDA, 0 on CPU), global_batch (default batch x world size), model, dataset; `compile_s` for compiled models;
     and anything else to record (loader, workers, ...). Derived here: test_acc (the last epoch's), the training
@@ -1085,9 +1102,12 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     `time_to_target_incl_compile_s` with it), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
     training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every flag with its default), and the
     run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
-    `failed_writes`). The metrics JSON keys are listed in the README ("Metrics").
+    `failed_writes`). The metrics JSON keys are listed in docs/bench.md.
     """
     device = torch.device(fields.pop("device"))
+    main = sys.modules["__main__"]
+    fields.setdefault("script", Path(getattr(main, "__file__", None) or sys.argv[0]).name)
+    fields.setdefault("technique", (getattr(main, "__doc__", None) or "").strip().split("\n")[0].split(":")[0])
     world_size = fields.setdefault("world_size", 1)
     fields.setdefault("gpus", int(device.type == "cuda"))
     fields.setdefault("batch_size", args.batch_size)

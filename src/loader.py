@@ -156,8 +156,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="loader.py",
-    technique="baseline",
     loader="torch DataLoader",
     workers=args.workers,
     loader_only=args.loader_only,

@@ -9,10 +9,10 @@ src/train_channels_last.py` the next one (each variant names its base in its doc
     python src/train.py --model resnet18 --epochs 8 --batch-size 256 --workers 8 --lr 2e-3 --target-acc 0.93
     python src/train.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # compute ceiling
     python src/train.py --checkpoint-dir ckpt --epochs 1 && python src/train.py --checkpoint-dir ckpt --resume
-    timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt; python src/train.py --checkpoint-dir ckpt --resume
+    timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt2; python src/train.py --checkpoint-dir ckpt2 --resume
 
-SIGTERM (a preempted job: Slurm, Kubernetes, `timeout`) stops the run at the next step boundary: it saves last.pt
-there, writes the metrics of what finished, says so in one line and exits 143; --resume continues from that step.
+SIGTERM (a preempted job: Slurm, Kubernetes, `timeout`) stops the run at the next step boundary: with --checkpoint-dir it
+saves last.pt there, writes the metrics of what finished, says so in one line and exits 143; --resume continues from that step.
 """
 
 import itertools
@@ -119,8 +119,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="train.py",
-    technique="baseline",
     precision=common.precision_label(device),
     device=device,
     steps=step,

@@ -1,4 +1,3 @@
-# new # begin: this script's own docstring
 """DataParallel: train.py + nn.DataParallel, one process driving every visible GPU.
 
 Each step, DataParallel copies the model from GPU 0 to the other GPUs, splits the batch along dimension 0 (so
@@ -15,7 +14,6 @@ this script says so and runs, which measures the wrapper's cost.
     python src/train_DP.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     diff src/train.py src/train_DP.py                         # only the lines marked `# new #`
 """
-# new # end
 
 import itertools
 
@@ -129,8 +127,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="train_DP.py",  # new #
-    technique="DP",  # new #
     precision=common.precision_label(device),
     device=device,
     gpus=len(model.device_ids),  # new # the GPUs the batch was split over

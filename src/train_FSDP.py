@@ -1,4 +1,3 @@
-# new # begin: this script's own docstring
 """FSDP2: train_DDP.py + every block's parameters, gradients and optimizer state sharded over the ranks.
 
 DDP keeps a whole replica on every rank: weights, gradients and AdamW's two moments, 16 bytes a parameter in float32,
@@ -33,7 +32,6 @@ metrics carry params (the whole model) and params_per_rank (what one rank holds)
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --resume
     diff src/train_DDP.py src/train_FSDP.py                                              # only the lines marked `# new #`
 """
-# new # end
 
 import itertools
 import os  # new #
@@ -271,8 +269,6 @@ if master:  # new #
         args,
         summary,
         epochs,
-        script="train_FSDP.py",  # new #
-        technique="FSDP",  # new #
         precision=f"FSDP {args.param_dtype}",  # new # what the blocks were gathered and run in
         device=device,
         world_size=world_size,  # new #

@@ -1,4 +1,3 @@
-# new # begin: this script's own docstring
 """Gradient accumulation: train_DDP.py + K micro-batches per optimizer step, DDP's all-reduce once per step (no_sync).
 
 When the batch you want does not fit in memory, run it as K micro-batches of --batch-size: each backward adds its
@@ -14,14 +13,14 @@ micro-batches skips that, so the ranks communicate once per optimizer step. A co
 gradient bucket per synchronised backward): the metrics report them per optimizer step, and
 --all-reduce-every-micro-batch shows what no_sync saves. The learning-rate schedule steps per optimizer step. Pitfalls:
 BatchNorm still sees micro-batches (its statistics are per micro-batch, so K x 32 is not exactly one batch of K x 32 x
-world size for a model with BatchNorm; it is for one without, e.g. --model mlp); `optimizer.zero_grad` before every
-backward would throw the accumulated gradients away; no_sync around the forward only still all-reduces.
+world size for a model with BatchNorm, as in train_DDP.py without --sync-bn; it is for one without, e.g. --model mlp); `optimizer.zero_grad` before every
+backward would throw the accumulated gradients away; no_sync around the backward only (the forward outside it) still
+all-reduces, as DDP reads the flag in the forward.
 
     torchrun --nproc-per-node 2 src/train_accum.py --device cpu --workers 1 --batch-size 32 --accum-steps 4
     torchrun --nproc-per-node gpu src/train_accum.py --model resnet18 --batch-size 64 --accum-steps 4 --lr 2e-3
     diff src/train_DDP.py src/train_accum.py                        # only the lines marked `# new #`
 """
-# new # end
 
 import contextlib  # new #
 import itertools
@@ -215,8 +214,6 @@ if master:  # new #
         args,
         summary,
         epochs,
-        script="train_accum.py",  # new #
-        technique="accumulation",  # new #
         precision=common.precision_label(device),
         device=device,
         world_size=world_size,  # new #

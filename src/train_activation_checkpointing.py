@@ -1,4 +1,3 @@
-# new # begin: this script's own docstring
 """Activation checkpointing: train.py + torch.utils.checkpoint around each block, activations recomputed in backward.
 
 Backward needs what forward computed: autograd keeps every block's intermediate tensors (attention scores, MLP
@@ -16,8 +15,8 @@ saved_tensors_hooks on a real step) and images/s, against train.py's at the same
 Pitfalls, and the line that avoids each:
 - Reentrant checkpointing (`use_reentrant=True`, the old default) runs a nested backward per block: under DDP with
   find_unused_parameters=True, or a block checkpointed twice, it fails with "Expected to mark a variable ready only
-  once"; and when no input of a block requires grad (the first block, fed the images), its parameters silently get no
-  gradient. Avoided by `use_reentrant=False` in the `checkpoint` call.
+  once"; and when no input of a block requires grad (the first block, fed the images), its parameters get no gradient
+  (torch only warns). Avoided by `use_reentrant=False` in the `checkpoint` call.
 - Dropout draws other random numbers on the recompute unless the RNG state is restored: `checkpoint` does that by
   default (preserve_rng_state=True); keep it so. (This ViT has no dropout, the ResNets none either.)
 - BatchNorm updates its running statistics on every forward, so a recompute would update them twice (the ResNets):
@@ -28,10 +27,9 @@ The small CNN and the MLP have no repeated blocks: with them the script says so 
 
     python src/train_activation_checkpointing.py --model vit                     # every ViT encoder block but the last
     python src/train_activation_checkpointing.py --model resnet18 --recompute-every 2
-    python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --max-steps 50
+    python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --max-steps 50 --device cuda
     diff src/train.py src/train_activation_checkpointing.py                     # only the lines marked `# new #`
 """
-# new # end
 
 import contextlib  # new #
 import functools  # new #
@@ -180,8 +178,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="train_activation_checkpointing.py",  # new #
-    technique="activation checkpointing",  # new #
     precision=common.precision_label(device),
     device=device,
     checkpointed_blocks=len(checkpointed),  # new #

@@ -1,4 +1,3 @@
-# new # begin: this script's own docstring
 """torch.compile: train_channels_last.py + torch.compile of the model, compile time kept out of the images/s.
 
 TorchDynamo traces the model's forward into a graph at the first call, and Inductor compiles the graph (and the
@@ -19,9 +18,10 @@ On a CPU it pays only where eager mode's time goes to small elementwise ops and 
 `python bench/profile_step.py` profiles this rung's step eagerly and compiled (2-core EPYC, torch 2.15, logs in
 results/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/). For the small ViT in bf16 compile fuses autocast's
 casts (`aten::copy_` 371 ms per 10 steps eager, 52 ms compiled) and GELU: 1.14x. For the small CNN it loses (0.79x):
-the convolutions stay oneDNN calls either way, and Inductor's generated C++ loops for batch norm + max-pool forward
-and backward take 197 ms per 10 steps where ATen's vectorised kernels take 109 ms. A conv net with batch norm on a
-CPU: measure first.
+the convolutions stay oneDNN calls either way, and what Inductor fuses around them (batch norm, max-pool, ReLU and
+autocast's casts, forward and backward) takes 197 ms per 10 steps in its generated C++ kernels (with the
+aten::scatter_reduce_ of max-pool's backward), where the same ATen ops take 109 ms (the sums of those rows of the
+top-15 tables). A conv net with batch norm on a CPU: measure first.
 
     python src/train_compile.py                                      # float16 + NHWC + compile on CUDA
     python src/train_compile.py --compile-mode max-autotune          # longer compile, autotuned kernels
@@ -29,7 +29,6 @@ CPU: measure first.
     python src/train_compile.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     diff src/train_channels_last.py src/train_compile.py            # only the lines marked `# new #`
 """
-# new # end
 
 import itertools
 import os  # new #
@@ -101,7 +100,7 @@ else:
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args)).to(device, memory_format=torch.channels_last)  # new #
-# new # begin: a permute or .view in the model would silently turn activations back to NCHW: check every conv once
+# new # begin: .contiguous(), .reshape or a permute in the model can turn activations back to NCHW: check each conv once
 inputs = []
 hooks = [
     m.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
@@ -114,7 +113,9 @@ with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=use_a
 for hook in hooks:
     hook.remove()
 if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
-    common.die("a convolution's input is not channels_last: a permute or .view in the model turned it back to NCHW")
+    common.die(
+        "a convolution's input is not channels_last: a .contiguous(), .reshape or permute in the model turned it back to NCHW"
+    )
 # new # end
 compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)  # new # `model` stays eager: eval, checkpoints
 criterion = nn.CrossEntropyLoss()
@@ -208,8 +209,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="train_compile.py",  # new #
-    technique="compile",  # new #
     precision=f"{precision} + channels_last",  # new #
     device=device,
     steps=step,

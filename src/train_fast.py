@@ -1,14 +1,13 @@
-# new # begin: this script's own docstring
 """Everything stacked: train_compile.py + DALI or device-resident input, fused AdamW, cuDNN autotuning.
 
 The last rung of the ladder train.py -> train_amp.py -> train_channels_last.py -> train_compile.py -> this file. Its
 base already runs the model in float16 / bfloat16 (autocast) with NHWC tensors, compiled; this file removes what is
-left between the GPU and its peak, and trains the same model on the same data as its base:
+the host-side overhead that is left (input decoding and copies, optimizer launches, a host sync per
+step), and trains the same model on the same data as its base:
 - input (`--without device-data` puts the base's DataLoader back): Fashion-MNIST (219 MB as normalised float32) is
   held on the device whole;
-  a DataLoader over the indices alone (the base's shuffle and generator, so with --workers 0 the very batches the base
-  trains on, unaugmented like the base's; with persistent workers the base draws one seed of the generator less per
-  epoch, so from epoch 2 on its order differs) picks each batch, and only those int64 indices cross to the GPU, from
+  a DataLoader over the indices alone (the base's sampler and generator, reseeded every epoch, so the very batches
+  the base trains on, unaugmented like the base's) picks each batch, and only those int64 indices cross to the GPU, from
   pinned memory; JPEG files (`--dataset imagefolder --data-dir ROOT`, an ImageFolder with train/ and val/; the base
   has no such input, so compare with loader.py / loader_DALI.py) go through loader_DALI.py's graph, `mixed` decoding
   on the GPU, `crop_mirror_normalize` writing float16 NHWC, which a permute turns into the channels_last batch the
@@ -19,21 +18,20 @@ left between the GPU and its peak, and trains the same model on the same data as
   every step (float16 only: bfloat16 has no scaler);
 - `cudnn.benchmark` (`--without cudnn-benchmark`): cuDNN times its convolution algorithms once for the fixed input
   shape and keeps the fastest.
-No TF32 setting: under autocast every convolution and matmul of the step already runs in float16 / bfloat16, so
-torch.set_float32_matmul_precision("high") would change only the untimed float32 evaluation.
+No TF32 setting: under autocast every convolution and matmul of the step already runs in float16 / bfloat16 (unless
+--amp-dtype float32), so torch.set_float32_matmul_precision("high") would change only the untimed float32 evaluation.
 The bench's ablation rows run this file with each change removed in turn, so each one's share is measured.
---batch-size: the largest that fits is fastest; the bench keeps the other rungs' batch so that the rows compare.
+--batch-size: a larger one often runs faster (the batch-size sweep measures it); the bench keeps the other rungs' batch so that the rows compare.
 It is a single-process script: under torchrun with a world size above 1 it refuses in one line (see train_DDP.py).
 On a CPU it runs too (DALI's CPU-only mode, Inductor's C++ kernels, bfloat16) and says in one line what it cannot do.
 
     python src/train_fast.py --model resnet18 --epochs 8 --batch-size 256 --lr 2e-3 --target-acc 0.93   # Fashion-MNIST
-    python src/train_fast.py --dataset imagefolder --data-dir data/imagenet-synthetic --image-size 224 \
+    python src/train_fast.py --dataset imagefolder --data-dir data/imagenet-synthetic --image-size 224 \\
         --model resnet50 --batch-size 256 --threads 16 --lr 2e-3      # ResNet-50 from JPEG files, end to end
     python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # the ceiling
     python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100 --without fused-adamw
     diff src/train_compile.py src/train_fast.py                       # only the lines marked `# new #`
 """
-# new # end
 
 import itertools
 import os  # new #
@@ -157,7 +155,9 @@ elif args.dataset == "imagefolder":
             pad_last_batch=True,  # an epoch ends at the last file: a partial batch's files never start the next
             name="Reader",
         )
-        decoder = "mixed" if gpu else "cpu"  # mixed: Huffman decoding on the CPU, the rest on the GPU (nvJPEG)
+        decoder = (
+            "mixed" if gpu else "cpu"
+        )  # mixed: Huffman on the CPU, the rest on the GPU (nvJPEG; A100/H100: part in hardware)
         if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
             images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed)
             images = fn.resize(images, resize_x=side, resize_y=side)
@@ -230,7 +230,7 @@ else:
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args), num_classes)  # new # an ImageFolder's own classes
 model = model.to(device, memory_format=torch.channels_last)  # new #
-# new # begin: a permute or .view in the model would silently turn activations back to NCHW: check every conv once
+# new # begin: .contiguous(), .reshape or a permute in the model can turn activations back to NCHW: check each conv once
 inputs = []
 hooks = [
     m.register_forward_pre_hook(lambda m, args: inputs.append(args[0]))
@@ -243,12 +243,14 @@ with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=use_a
 for hook in hooks:
     hook.remove()
 if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
-    common.die("a convolution's input is not channels_last: a permute or .view in the model turned it back to NCHW")
+    common.die(
+        "a convolution's input is not channels_last: a .contiguous(), .reshape or permute in the model turned it back to NCHW"
+    )
 # new # end
 compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)  # new # `model` stays eager: eval, checkpoints
 criterion = nn.CrossEntropyLoss()
 fused = "fused-adamw" not in args.without  # new #
-optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=fused)  # new # one kernel
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=fused)  # new # fewer kernels
 scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
 # new # begin: GradScaler skips a step whose float16 gradients overflowed, often the first one (its initial scale,
 # 2^16, is calibrated down over the first steps); the schedule still advances every iteration, as in train.py: a
@@ -339,8 +341,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="train_fast.py",  # new #
-    technique="everything stacked",  # new #
     precision=f"{precision} + channels_last",  # new #
     device=device,
     steps=step,

@@ -1,4 +1,3 @@
-# new # begin: this script's own docstring
 """Model parallelism: train.py + the model cut into two stages on two devices, micro-batches pipelined through them.
 
 When a model does not fit in one GPU's memory, put its first blocks on cuda:0 and the rest on cuda:1 and move the
@@ -26,7 +25,6 @@ FSDP (every layer's parameters sharded over all GPUs instead of the model cut in
     python src/train_model_parallel.py --model resnet18 --balance flops    # stages of equal compute, for speed
     diff src/train.py src/train_model_parallel.py                           # only the lines marked `# new #`
 """
-# new # end
 
 import itertools
 
@@ -227,8 +225,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="train_model_parallel.py",  # new #
-    technique="model parallel",  # new #
     precision=common.precision_label(device),
     device=device,
     gpus=len(set(devices)) if device.type == "cuda" else 0,  # new #

@@ -1,4 +1,3 @@
-# new # begin: this script's own docstring
 """torch.profiler: train.py + a profile of a few steps, a Chrome/Perfetto trace and the top-15 ops table.
 
 A speed-up list says what to try; the profiler says where the time goes, so which item applies. The steps are
@@ -22,7 +21,6 @@ Profiling costs time (the recorded steps run slower: the images/s it reports are
     python src/train_profile.py --model resnet50 --dataset synthetic --batch-size 128 --max-steps 30 --trace-dir traces
     diff src/train.py src/train_profile.py                          # only the lines marked `# new #`
 """
-# new # end
 
 import itertools
 import os  # new #
@@ -179,8 +177,6 @@ common.report(
     args,
     summary,
     epochs,
-    script="train_profile.py",  # new #
-    technique="profiler",  # new #
     precision=common.precision_label(device),
     device=device,
     steps=step,

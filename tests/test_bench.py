@@ -92,7 +92,7 @@ baseline = "quick"
 
 def _matrix(tmp_path, body):
     matrix = tmp_path / f"matrix{len(list(tmp_path.glob('matrix*')))}.toml"
-    matrix.write_text("[t]\nrepeats = 1\ntimeout_s = 300\n" + QUICK_RUN + body)
+    matrix.write_text("[t]\nrepeats = 1\ntimeout_s = 300\ngemm_seconds = 0.05\n" + QUICK_RUN + body)  # a short probe
     return matrix
 
 

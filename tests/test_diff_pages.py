@@ -103,7 +103,8 @@ def test_every_marked_line_is_shown_highlighted_with_its_explanation(pages, base
 def test_the_index_links_resolve_and_show_the_measured_speedup(pages):
     index = Page((pages / "index.html").read_text())
     pairs = check_markers.pairs()
-    assert len(index.links) == len(pairs)
+    assert len(index.links) == len(pairs) + 4  # a page per pair, then one per chain of 2+ rungs
+    assert "chain-train_fast.html" in index.links
     for link in index.links:
         target = pages / link
         assert target.is_file(), link
@@ -114,6 +115,30 @@ def test_the_index_links_resolve_and_show_the_measured_speedup(pages):
     assert f"{amp.speedup:.2f}×" in text and amp.config in text  # the number of the committed result folder
     for _, variant in pairs:
         assert diff_pages.technique(variant) and html.escape(diff_pages.technique(variant)) in text
+
+
+def test_the_chain_page_names_the_rung_that_introduced_each_line(pages):
+    """train.py -> train_fast.py: every line any rung marked is highlighted, and each is put down to its rung."""
+    train, fast = REPO / "src" / "train.py", REPO / "src" / "train_fast.py"
+    page = Page((pages / "chain-train_fast.html").read_text())
+    marked = check_markers.compare(train, fast).new_lines
+    for n, text in enumerate(fast.read_text().splitlines(), start=1):
+        assert page.lines[f"v{n}"]["text"] == text and ("new" in page.lines[f"v{n}"]["classes"]) == (n in marked)
+    why = "".join(page.why)
+    rungs = ["train_amp.py", "train_channels_last.py", "train_compile.py", "train_fast.py"]
+    assert all(f"{rung}: " in why for rung in rungs), why[:500]
+    chain = diff_pages.chain_of(fast)
+    assert [c.name for c in chain] == ["train.py", *rungs]
+    rung = diff_pages.introduced_by(chain)
+    for needle, expected in [
+        ("with torch.autocast(", "train_amp.py"),
+        ("images = images.to(device, non_blocking=True, memory_format=torch.channels_last)", "train_channels_last.py"),
+        ("compiled = torch.compile(model", "train_compile.py"),
+        ("fused=fused)", "train_fast.py"),
+    ]:
+        doc = check_markers.parse(fast).docstring
+        n = next(n for n, line in enumerate(fast.read_text().splitlines(), 1) if needle in line and n not in doc)
+        assert rung[n] == expected, (needle, n, rung.get(n))
 
 
 def test_an_unmeasured_variant_says_so(tmp_path):

@@ -135,7 +135,9 @@ def test_dp_on_one_device_trains_train_py_s_weights_bit_for_bit(ladder):
     assert_identical(weights(dp), weights(base))
     assert dp["metrics"]["test_acc"] == base["metrics"]["test_acc"]
     assert "DataParallel needs 2+ GPUs to split the batch, 0 visible" in dp["stdout"]  # says what it runs as
-    assert dp["metrics"]["technique"] == "DP" and dp["metrics"]["gpus"] == 0 and dp["metrics"]["world_size"] == 1
+    assert (
+        dp["metrics"]["technique"] == "DataParallel" and dp["metrics"]["gpus"] == 0 and dp["metrics"]["world_size"] == 1
+    )
     assert_loads_into_train_py(dp["checkpoint"])  # DataParallel's "module." prefix is not in it
     assert_resume_says_finished(base, "src/train.py", *LADDER, "--log-every", "1")
 
@@ -177,7 +179,7 @@ def test_amp_bfloat16_follows_train_py_s_float32_loss_step_by_step(ladder):
     setting), which moves the loss by more than rounding does."""
     amp, base = ladder("train_amp.py", "--log-every", "1"), ladder("train.py", "--log-every", "1")
     assert amp["metrics"]["epochs"][-1]["logits_dtype"] == "torch.bfloat16"  # the forward really ran in bfloat16
-    assert amp["metrics"]["precision"] == "amp bfloat16" and amp["metrics"]["technique"] == "AMP"
+    assert amp["metrics"]["precision"] == "amp bfloat16" and amp["metrics"]["technique"] == "Mixed precision (AMP)"
     a, b = losses(amp), losses(base)
     assert len(a) == len(b) == 16
     parted = [abs(x - y) / y for x, y in zip(a, b, strict=True)]
@@ -256,7 +258,7 @@ def test_fast_without_fused_adamw_is_train_compile_bit_for_bit_and_with_it_one_r
     assert fast["state"]["optimizer"]["param_groups"][0]["fused"] is True  # the fused kernel really ran
     assert not unfused["state"]["optimizer"]["param_groups"][0]["fused"]
     assert unfused["metrics"]["data_wait_frac"] < 0.05  # no DataLoader: batches are cut from memory
-    assert fast["metrics"]["technique"] == "everything stacked" and fast["metrics"]["compile_s"] > 0
+    assert fast["metrics"]["technique"] == "Everything stacked" and fast["metrics"]["compile_s"] > 0
 
 
 # -- DistributedDataParallel and gradient accumulation ------------------------------------------------------------
@@ -409,7 +411,7 @@ def test_fsdp_matches_ddp_and_resumes_from_its_sharded_checkpoint_bit_for_bit(tm
     assert metrics["params"] == sum(p.numel() for p in common.build_model("vit", 3, 32).parameters())
     # dim 0 of each parameter is split in 2, rank 0 taking the larger half of an odd one (a class token of 1 x 1 x 128)
     assert 0.5 <= metrics["params_per_rank"] / metrics["params"] < 0.51
-    assert metrics["technique"] == "FSDP" and metrics["precision"] == "FSDP float32" and metrics["world_size"] == 2
+    assert metrics["technique"] == "FSDP2" and metrics["precision"] == "FSDP float32" and metrics["world_size"] == 2
     common.build_model("vit", 3, 32).load_state_dict(fsdp["state"]["model"])  # the full model, train.py's keys
     assert [p.name for p in (tmp_path / "fsdp").glob("sharded-step*")] == ["sharded-step8"]  # the older one removed
 

@@ -121,6 +121,9 @@ def test_help_shows_defaults_units_and_the_run_lines():
     assert proc.returncode == 0
     assert "(default: cnn)" in proc.stdout and "passes over the training set (default: 2)" in proc.stdout
     assert "images per process per step (default: 128)" in proc.stdout
+    # Each default said once: none where the help text already names it, none for "no value" or an off switch.
+    assert "(default: None)" not in proc.stdout and "(default: False)" not in proc.stdout
+    assert " ".join(proc.stdout.split()).count("Fashion-MNIST is always 1 x 28 x 28 (default") == 0
     assert proc.stdout.rstrip().endswith(
         "diff src/train.py src/train_amp.py                        # only the lines marked `# new #`"
     )

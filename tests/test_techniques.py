@@ -38,7 +38,7 @@ import torch.nn as nn
 sys.path.insert(0, "src")
 import common
 
-class BackToNCHW(nn.Module):  # what a .view or permute in a model does to the layout
+class BackToNCHW(nn.Module):  # what a .contiguous() or .reshape in a model does to the layout
     def forward(self, x):
         return x.contiguous()
 

@@ -89,7 +89,7 @@ def test_ddp_only_rank_0_prints_and_writes(ddp):
 
 def test_ddp_metrics_are_global(ddp):
     _, metrics, _ = ddp
-    assert metrics["script"] == "train_DDP.py" and metrics["technique"] == "DDP"
+    assert metrics["script"] == "train_DDP.py" and metrics["technique"] == "DistributedDataParallel"
     assert metrics["world_size"] == 2 and metrics["gpus"] == 0
     assert metrics["batch_size"] == 128 and metrics["global_batch"] == 256
     assert metrics["steps"] == 2 * 2048 // 256  # each rank ran its half of the data
