@@ -7,7 +7,8 @@
     greyscale JPEG (quality 95). Real, labelled images; the `<k>_` prefix keeps ImageFolder's sorted class order
     equal to Fashion-MNIST's label order.
 (b) OUT/imagenet-synthetic/{train,val}/<k>_class/<index>.jpg: 500x375 RGB JPEG at quality 90, about 100 KB each
-    (ImageNet-1k's training JPEGs average ~110 KB at ~400x350 px), so decoding costs what it costs on ImageNet.
+    (ImageNet-1k's training JPEGs are of that order: about 400x350 px on average), so decoding costs about what it
+    costs on ImageNet.
     A smooth random colour field plus per-pixel noise, tinted per class so a model can learn something; deterministic
     (seeded per file). Always labelled "synthetic" in tables. Default: 5,120 training images (80 steps of 64 for the cpu
     profile), or 30,720 on a machine with a CUDA GPU: 120 steps of 256 in one epoch, so the loader rows measure 110

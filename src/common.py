@@ -46,7 +46,7 @@ FASHION_MNIST_FILES = {
 GIB = 1024**3
 # The ImageNet statistics (torchvision's models use them): per-channel mean and std of RGB in [0, 1].
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
-IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # what both loaders read (DALI's file reader skips other files too)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # what image_folders looks for (ImageFolder and DALI also read more types)
 MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit"]
 # What this process's run did with its checkpoints and signals, for its closing report and its exit status: the
 # checkpoint writes that failed (their one-line messages), the last checkpoint written (path, step), and the step a
@@ -391,7 +391,7 @@ def find_fashion_mnist(data_dir: Path | None = None, search: list[Path] | None =
         if _has_fashion_mnist(folder):
             return folder
     if download:
-        import torchvision  # here and in build_model only: importing it costs 1.6 s of every script's start-up
+        import torchvision  # here and in build_model only: its import adds seconds to every script's start-up
 
         try:
             torchvision.datasets.FashionMNIST(REPO / "data", train=True, download=True)
@@ -585,7 +585,7 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
         return SmallCNN(in_channels, num_classes, image_size)
     if name == "mlp":
         return MLP(in_channels, num_classes, image_size)
-    import torchvision  # only for the ResNets and the ViT: its import costs 1.6 s of start-up
+    import torchvision  # only for the ResNets and the ViT: its import adds seconds to start-up
 
     if name == "vit":
         patch = vit_patch_size(image_size)
@@ -1358,7 +1358,7 @@ class Preemption:
     (MAX) at every step boundary, so every rank stops at the same step even when the signal reaches them at different
     moments, and no rank is left waiting in a collective the others will never join. The all-reduce runs on a gloo
     group of CPU tensors (a new one when the default group is NCCL): it never synchronises a GPU stream; on 2 CPU
-    processes it costs about 0.1 ms a step. DataLoader workers ignore SIGTERM (`seed_worker`): a signal sent to the
+    processes it is one small gloo all-reduce a step. DataLoader workers ignore SIGTERM (`seed_worker`): a signal sent to the
     whole process group (Slurm, `timeout`) must not kill them under a main process that is still finishing its step.
     """
 

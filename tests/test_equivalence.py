@@ -233,8 +233,8 @@ def test_compile_follows_the_eager_loss_step_by_step_and_saves_the_eager_keys(la
 
 
 def test_fast_without_fused_adamw_is_train_compile_bit_for_bit_and_with_it_one_rounding_away(ladder):
-    """train_fast.py vs its base train_compile.py. On a CPU two of the rung's changes do nothing (cuDNN autotuning,
-    TF32), and its Fashion-MNIST batches are cut from memory held on the device in the order of a DataLoader over the
+    """train_fast.py vs its base train_compile.py. On a CPU one of the rung's changes does nothing (cuDNN
+    autotuning), and its Fashion-MNIST batches are cut from memory held on the device in the order of a DataLoader over the
     indices with the base's generator. Compared: every weight after the ladder's 16 steps with --without fused-adamw,
     bit for bit (the same batches, unaugmented, the same compiled kernels, the same optimizer: this proves the input
     is the base's), and the same test loss and accuracy (evaluated in float32 like the base's, not under autocast);
