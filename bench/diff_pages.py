@@ -106,9 +106,9 @@ def page(base: Path, variant: Path, measured: list[dict], chain: list[Path] | No
         rung = introduced_by(chain)
         labelled = {}
         for n, why in sorted(new.items()):  # the rung once for each run of its lines, and before each explanation
-            name = rung.get(n, variant.name)
-            first = n - 1 not in new or rung.get(n - 1, variant.name) != name
-            labelled[n] = f"{name}: {why}" if why else name if first else ""
+            name = rung.get(n, "")  # "": a line of a changed statement that is the root's own (no rung to name)
+            first = n - 1 not in new or rung.get(n - 1, "") != name
+            labelled[n] = (f"{name}: {why}" if name else why) if why else name if first else ""
         new = labelled
     rows = []
     for tag, i1, i2, j1, j2 in opcodes([s.text for s in base_segs], [s.text for s in variant_segs]):

@@ -1,4 +1,4 @@
-"""Input-pipeline baseline: JPEG files -> decode -> RandomResizedCrop -> flip -> normalise, in torch's DataLoader.
+r"""Input-pipeline baseline: JPEG files -> decode -> RandomResizedCrop -> flip -> normalise, in torch's DataLoader.
 
 loader_DALI.py is this file plus the lines it marks as new, so `diff src/loader.py src/loader_DALI.py` is the DALI
 lesson. `python bench/prepare_data.py` writes the ImageFolders it reads: data/fashion-mnist-jpeg (real, 28 px) and
@@ -9,7 +9,7 @@ rows measure the input at a compute rate where it matters.
 
     python src/loader.py                                               # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --workers 8   # pipeline only
-    python src/loader.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \\
+    python src/loader.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \
         --workers 16 --amp-dtype float16 --channels-last              # end to end on a GPU
     python src/loader.py --data-dir /datasets/imagenet --image-size 224 --model resnet50   # any ImageFolder
 """

@@ -1,4 +1,4 @@
-"""NVIDIA DALI: loader.py + its input pipeline as a DALI graph, decoding on the GPU ('mixed'), sharded by rank.
+r"""NVIDIA DALI: loader.py + its input pipeline as a DALI graph, decoding on the GPU ('mixed'), sharded by rank.
 
 The same steps as loader.py (read files, decode, RandomResizedCrop, flip, normalise) run as one DALI pipeline: a
 pool of --threads C++ threads instead of Python worker processes, and on a GPU the `mixed` decoder splits each JPEG
@@ -21,7 +21,7 @@ Needs `pip install nvidia-dali-cuda120`.
 
     python src/loader_DALI.py                                          # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader_DALI.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --threads 8
-    python src/loader_DALI.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \\
+    python src/loader_DALI.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \
         --threads 16 --amp-dtype float16 --channels-last              # end to end on a GPU
     torchrun --nproc-per-node 2 src/loader_DALI.py --loader-only --device cpu   # 2 shards, disjoint files
     diff src/loader.py src/loader_DALI.py                              # only the lines marked `# new #`
@@ -82,9 +82,7 @@ def image_pipeline(root, training):
         pad_last_batch=True,  # an epoch ends at its shard's end: the files of a partial batch never start the next
         name="Reader",
     )
-    decoder = (
-        "mixed" if gpu else "cpu"
-    )  # mixed: Huffman on the CPU, the rest on the GPU (nvJPEG; A100/H100: part in hardware)
+    decoder = "mixed" if gpu else "cpu"  # mixed: Huffman on the CPU, the rest on the GPU (nvJPEG, hardware)
     if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
         images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed + rank)
         images = fn.resize(images, resize_x=args.image_size, resize_y=args.image_size)

@@ -1,4 +1,4 @@
-"""DistributedDataParallel: train.py + one process per device, launched by torchrun, gradients all-reduced.
+r"""DistributedDataParallel: train.py + one process per device, launched by torchrun, gradients all-reduced.
 
 torchrun starts one process per GPU (or N processes on a CPU) and gives each its LOCAL_RANK, RANK and WORLD_SIZE.
 Every process holds the whole model and trains on its own 1/WORLD_SIZE of the data (DistributedSampler); during
@@ -11,11 +11,11 @@ worker (mid-epoch checkpoints, torchrun --max-restarts) is the next lesson: trai
     torchrun --nproc-per-node 2 src/train_DDP.py --device cpu --workers 1          # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node gpu src/train_DDP.py                                 # one process per visible GPU
     torchrun --nproc-per-node gpu src/train_DDP.py --model resnet18 --sync-bn --epochs 8 --lr 2e-3
-    # 2 nodes: run on each node, R = 0 on the first and 1 on the second; HOST:PORT is reachable from both
-    torchrun --nnodes 2 --node-rank R --nproc-per-node gpu --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+    # 2 nodes: the same line on each (c10d's rendezvous numbers the nodes); HOST:29500 is reachable from both
+    torchrun --nnodes 2 --nproc-per-node gpu --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
         --rdzv-id job1 src/train_DDP.py --model resnet18
     # Slurm: sbatch --nodes 2 --gpus-per-node 8 --ntasks-per-node 1 with, in the batch script,
-    #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \\
+    #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
     #       --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 src/train_DDP.py
     diff src/train.py src/train_DDP.py                                             # only the lines marked `# new #`
 """

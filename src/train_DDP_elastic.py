@@ -1,4 +1,4 @@
-"""Fault-tolerant DDP: train_DDP.py + mid-epoch checkpoints and a resume that skips done batches at the sampler.
+r"""Fault-tolerant DDP: train_DDP.py + mid-epoch checkpoints and a resume that skips done batches at the sampler.
 
 A worker that dies (a preempted node, an OOM kill, a hardware fault) fails the whole group: the other ranks stop in
 their next collective. torchrun's docs call the cure a *fault-tolerant* launch: `torchrun --max-restarts K` stops the
@@ -20,9 +20,9 @@ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun's agent shares one TCP store with
 restarts, so a restarted group can read the dead group's addresses and fail to connect (gloo `connectFullMesh ...
 Connection refused`, pytorch/pytorch#135712); with the variable each attempt gets a fresh store.
 
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP_elastic.py \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP_elastic.py \
         --checkpoint-dir ckpt --checkpoint-every 200 --resume
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --max-restarts 1 src/train_DDP_elastic.py \\
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --max-restarts 1 src/train_DDP_elastic.py \
         --device cpu --workers 1 --checkpoint-dir ckpt --checkpoint-every 50 --resume
     diff src/train_DDP.py src/train_DDP_elastic.py                  # only the lines marked `# new #`
 
@@ -31,8 +31,8 @@ step; rank 0 saves last.pt there, says so in one line and the ranks exit 143 (to
 traceback and exits 1). Slurm sends SIGTERM 120 s before a job's time is up, and requeues a preempted job, with:
     #SBATCH --signal=TERM@120
     #SBATCH --requeue
-    srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \\
-        --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 --max-restarts 3 \\
+    srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
+        --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 --max-restarts 3 \
         src/train_DDP_elastic.py --checkpoint-dir ck --checkpoint-every 200 --resume
 """
 

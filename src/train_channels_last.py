@@ -39,7 +39,7 @@ device = common.get_device(args.device)
 # new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
 if amp_dtype == "float16" and device.type == "cpu":
-    print("AMP: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
+    print("AMP: float16 is emulated on CPUs without AVX512-FP16 / AMX-FP16: on a CPU this runs bfloat16", flush=True)
     amp_dtype = "bfloat16"
 if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
@@ -84,9 +84,7 @@ with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=use_a
 for hook in hooks:
     hook.remove()
 if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
-    common.die(
-        "a convolution's input is not channels_last: a .contiguous(), .reshape or permute in the model turned it back to NCHW"
-    )
+    common.die("a convolution's input is not channels_last: a .contiguous() or .reshape turned it back to NCHW")
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)

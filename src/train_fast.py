@@ -1,9 +1,9 @@
-"""Everything stacked: train_compile.py + DALI or device-resident input, fused AdamW, cuDNN autotuning.
+r"""Everything stacked: train_compile.py + DALI or device-resident input, fused AdamW, cuDNN autotuning.
 
 The last rung of the ladder train.py -> train_amp.py -> train_channels_last.py -> train_compile.py -> this file. Its
-base already runs the model in float16 / bfloat16 (autocast) with NHWC tensors, compiled; this file removes what is
-the host-side overhead that is left (input decoding and copies, optimizer launches, a host sync per
-step), and trains the same model on the same data as its base:
+base already runs the model in float16 / bfloat16 (autocast) with NHWC tensors, compiled; this file removes host-side
+overhead that is left (input decoding and copies, optimizer kernel launches, a host sync per float16 step), lets cuDNN
+pick its fastest convolution algorithms, and trains the same model on the same data as its base:
 - input (`--without device-data` puts the base's DataLoader back): Fashion-MNIST (219 MB as normalised float32) is
   held on the device whole;
   a DataLoader over the indices alone (the base's sampler and generator, reseeded every epoch, so the very batches
@@ -26,7 +26,7 @@ It is a single-process script: under torchrun with a world size above 1 it refus
 On a CPU it runs too (DALI's CPU-only mode, Inductor's C++ kernels, bfloat16) and says in one line what it cannot do.
 
     python src/train_fast.py --model resnet18 --epochs 8 --batch-size 256 --lr 2e-3 --target-acc 0.93   # Fashion-MNIST
-    python src/train_fast.py --dataset imagefolder --data-dir data/imagenet-synthetic --image-size 224 \\
+    python src/train_fast.py --dataset imagefolder --data-dir data/imagenet-synthetic --image-size 224 \
         --model resnet50 --batch-size 256 --threads 16 --lr 2e-3      # ResNet-50 from JPEG files, end to end
     python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # the ceiling
     python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100 --without fused-adamw
@@ -88,7 +88,7 @@ if device.type == "cpu":
 # new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
 if amp_dtype == "float16" and device.type == "cpu":
-    print("AMP: float16 autocast has no fast kernels on CPU; running bfloat16 instead", flush=True)
+    print("AMP: float16 is emulated on CPUs without AVX512-FP16 / AMX-FP16: on a CPU this runs bfloat16", flush=True)
     amp_dtype = "bfloat16"
 if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
@@ -155,9 +155,7 @@ elif args.dataset == "imagefolder":
             pad_last_batch=True,  # an epoch ends at the last file: a partial batch's files never start the next
             name="Reader",
         )
-        decoder = (
-            "mixed" if gpu else "cpu"
-        )  # mixed: Huffman on the CPU, the rest on the GPU (nvJPEG; A100/H100: part in hardware)
+        decoder = "mixed" if gpu else "cpu"  # mixed: Huffman on the CPU, the rest on the GPU (nvJPEG, hardware)
         if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
             images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed)
             images = fn.resize(images, resize_x=side, resize_y=side)
@@ -243,9 +241,7 @@ with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=use_a
 for hook in hooks:
     hook.remove()
 if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
-    common.die(
-        "a convolution's input is not channels_last: a .contiguous(), .reshape or permute in the model turned it back to NCHW"
-    )
+    common.die("a convolution's input is not channels_last: a .contiguous() or .reshape turned it back to NCHW")
 # new # end
 compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)  # new # `model` stays eager: eval, checkpoints
 criterion = nn.CrossEntropyLoss()

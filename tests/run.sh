@@ -11,6 +11,9 @@ workers=${PYTEST_WORKERS:-2}
 # The cores shared out between the test processes: torch's default of one thread per core in each of two trainings at
 # once oversubscribes them (two small trainings side by side on 2 cores: 14.7 s with the default, 11.1 s with one
 # thread each). The tests check what is computed, not how fast; the scripts themselves keep torch's default.
-threads=$(( $(nproc 2>/dev/null || echo 2) / workers )); [ "$threads" -ge 1 ] || threads=1
-export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads}
+case $workers in
+  ''|*[!0-9]*|0) ;;  # auto, logical, 0 (no xdist): torch's default
+  *) threads=$(( $(nproc 2>/dev/null || echo 2) / workers )); [ "$threads" -ge 1 ] || threads=1
+     export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} ;;
+esac
 exec "${PYTHON:-python3}" -m pytest tests -n "$workers" --dist loadfile "$@"

@@ -3,9 +3,11 @@
     python tests/runline_probe.py LINES.json
 
 LINES.json is a list of [where, script, [args...]] (script relative to the repository root). Each script runs
-unchanged (runpy, as `__main__`) with `sys.argv = [script, *args]` until its argparse parser has parsed the command
-line, which then stops it: an unknown flag, a value outside a flag's choices or of the wrong type fails as it would
-for a user (exit 2 and argparse's message), and nothing else of the script runs. Prints one line per failing run
+unchanged (runpy, as `__main__`) with `sys.argv = [script, *args]` until its command line is parsed and checked, which
+then stops it: for src/ scripts after `common.parse_args` (argparse, then the checks of flags that only make sense
+together and of the outputs), for the bench's scripts after argparse. An unknown flag, a value outside a flag's choices
+or of the wrong type, or a combination the script refuses fails as it would for a user (exit 2 and the one line), and
+nothing else of the script runs. Checks a script makes later, after common.parse_args, are not reached. Prints one line per failing run
 line, `where: script args: the error`, and exits 1 if there is any.
 """
 
@@ -26,15 +28,31 @@ class Parsed(Exception):
     """Raised right after a parser accepted the command line: the run line is valid."""
 
 
-original = argparse.ArgumentParser.parse_args
+import common  # noqa: E402  (src/ on the path)
+
+original_parse, original_common = argparse.ArgumentParser.parse_args, common.parse_args
+inside_common = False
 
 
 def parse_then_stop(self, args=None, namespace=None):
-    original(self, args, namespace)
+    parsed = original_parse(self, args, namespace)
+    if inside_common:
+        return parsed  # common.parse_args goes on to its own checks
+    raise Parsed
+
+
+def common_then_stop(parser):
+    global inside_common
+    inside_common = True
+    try:
+        original_common(parser)
+    finally:
+        inside_common = False
     raise Parsed
 
 
 argparse.ArgumentParser.parse_args = parse_then_stop
+common.parse_args = common_then_stop
 
 failures = []
 for where, script, args in json.loads(Path(sys.argv[1]).read_text()):

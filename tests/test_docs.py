@@ -114,12 +114,15 @@ def test_every_run_line_in_the_readme_docs_and_docstrings_parses(tmp_path):
 
 
 def test_the_probe_fails_a_flag_the_script_does_not_have(tmp_path):
-    """The check above can fail: a misspelt flag and a value outside a flag's choices are caught."""
+    """The check above can fail: a misspelt flag, a value outside a flag's choices and a combination that
+    common.parse_args refuses are caught; a valid bench line passes."""
     todo = tmp_path / "lines.json"
     lines = [
         ["x:1", "src/train_amp.py", ["--amp-dtype", "bfloat16"]],
         ["x:2", "src/train_amp.py", ["--amp-type", "bfloat16"]],
         ["x:3", "src/train_compile.py", ["--compile-mode", "fastest"]],
+        ["x:4", "src/train.py", ["--resume"]],  # common.parse_args's own check: --resume needs --checkpoint-dir
+        ["x:5", "bench/bench.py", ["--profile", "cpu", "--repeats", "2"]],
     ]
     todo.write_text(json.dumps(lines))
     proc = subprocess.run(
@@ -131,8 +134,9 @@ def test_the_probe_fails_a_flag_the_script_does_not_have(tmp_path):
     )
     assert proc.returncode == 1
     failing = proc.stdout.splitlines()
-    assert [line.split(":")[1] for line in failing] == ["2", "3"], proc.stdout
+    assert [line.split(":")[1] for line in failing] == ["2", "3", "4"], proc.stdout
     assert "unrecognized arguments: --amp-type" in failing[0] and "invalid choice: 'fastest'" in failing[1]
+    assert "--resume needs --checkpoint-dir" in failing[2]
 
 
 def test_every_relative_link_resolves():
