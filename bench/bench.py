@@ -566,8 +566,13 @@ def matmul_dtype(precision, model=None) -> str:
 def of_peak(achieved, precision, env: dict, model=None, gpus=0):
     """achieved TFLOP/s (all devices of the run together) over the measured matmul peak of one device in the run's
     dtype (`measure_gemm_peak`) times the GPUs it used (on a CPU the processes share the one measured), or None."""
-    peak = (env.get("gemm_peak_tflops") or {}).get(matmul_dtype(precision, model))
     devices = int(gpus) if pd.notna(gpus) and gpus else 1
+    return _share(achieved, env.get("gemm_peak_tflops") or {}, precision, model, devices)
+
+
+def _share(achieved, peaks: dict, precision, model, devices: int):
+    """achieved TFLOP/s over `peaks`' entry for the run's dtype (`matmul_dtype`) times `devices`, or None."""
+    peak = peaks.get(matmul_dtype(precision, model))
     return achieved / (peak * devices) if peak and pd.notna(achieved) and achieved else None
 
 
@@ -619,8 +624,7 @@ def of_datasheet(achieved, precision, env: dict, model=None, gpus=0):
     sheet = datasheet(env)
     if not sheet or not pd.notna(gpus) or not gpus:  # a run on the CPU of a GPU machine has no GPU datasheet
         return None
-    peak = sheet[0].get(matmul_dtype(precision, model))
-    return achieved / (peak * int(gpus)) if peak and pd.notna(achieved) and achieved else None
+    return _share(achieved, sheet[0], precision, model, int(gpus))
 
 
 def cpu_line(env: dict) -> str:

@@ -256,6 +256,7 @@ class Comparison:
 
     problems: list[str]
     new_lines: dict[int, str]
+    aligned: dict[int, int]  # variant line -> the base line `diff -w` aligns it with (unchanged code)
 
 
 def compare(base_path: Path, variant_path: Path) -> Comparison:
@@ -370,7 +371,7 @@ def compare(base_path: Path, variant_path: Path) -> Comparison:
     for s in new_statements:
         new_lines.update(dict.fromkeys(range(s.line, s.end + 1), ""))
         new_lines[s.line] = s.why
-    return Comparison(sorted(set(problems), key=_order), new_lines)
+    return Comparison(sorted(set(problems), key=_order), new_lines, equal)
 
 
 def check(base_path: Path, variant_path: Path) -> list[str]:

@@ -166,12 +166,8 @@ def introduced_by(chain: list[Path]) -> dict[int, str]:
     found = {}
     links = []  # per rung (last first): its new lines, and its lines' twins in its base
     for base, rung in reversed(list(zip(chain, chain[1:]))):
-        b, v = parse(base).diff_lines(), parse(rung).diff_lines()
-        twin = {}
-        for tag, i1, i2, j1, j2 in opcodes([t for _, t, _ in b], [t for _, t, _ in v]):
-            if tag == "equal":
-                twin.update({vl[0]: bl[0] for bl, vl in zip(b[i1:i2], v[j1:j2], strict=True)})
-        links.append((rung.name, compare(base, rung).new_lines, twin))
+        comparison = compare(base, rung)
+        links.append((rung.name, comparison.new_lines, comparison.aligned))
     for n in compare(chain[0], last).new_lines:
         at = n
         for name, new, twin in links:

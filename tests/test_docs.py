@@ -21,38 +21,42 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 SCRIPTS = sorted((REPO / "src").glob("*.py")) + sorted((REPO / "bench").glob("*.py"))
 
 
-def commands(text: str) -> list[tuple[int, str]]:
-    """(line number, command) for each shell command in a Markdown text: ``` block lines and `code spans`."""
-    found, block, pending, start = [], False, "", 0
-    for n, line in enumerate(text.splitlines(), start=1):
-        if line.lstrip().startswith("```"):
-            block = not block
-            continue
-        if block:
-            if not pending:
-                start = n
-            pending += line.rstrip().removesuffix("\\") + " "
-            if not line.rstrip().endswith("\\"):
-                found.append((start, pending.strip()))
-                pending = ""
-        else:
-            found.extend((n, span) for span in re.findall(r"`([^`]+)`", line))
-    return found
-
-
-def docstring_commands(script: Path) -> list[tuple[int, str]]:
-    """The indented run lines of a script's docstring (the ones its --help prints), a trailing `\\` continuing one."""
-    doc = ast.get_docstring(ast.parse(script.read_text()), clean=False) or ""
+def joined(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """(first line number, command) of shell lines, a trailing `\\` continuing a command on the next line."""
     found, pending, start = [], "", 0
-    for n, line in enumerate(doc.splitlines(), start=1):
-        if not line.startswith("    ") and not pending:
-            continue
+    for n, line in lines:
         start = start if pending else n
         pending += line.strip().removesuffix("\\") + " "
         if not line.rstrip().endswith("\\"):
             found.append((start, pending.strip()))
             pending = ""
     return found
+
+
+def commands(text: str) -> list[tuple[int, str]]:
+    """(line number, command) for each shell command in a Markdown text: ``` block lines and `code spans`."""
+    found, block, in_block = [], False, []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            block = not block
+            continue
+        if block:
+            in_block.append((n, line))
+        else:
+            found.extend((n, span) for span in re.findall(r"`([^`]+)`", line))
+    return joined(in_block) + found
+
+
+def docstring_commands(script: Path) -> list[tuple[int, str]]:
+    """The indented run lines of a script's docstring (the ones its --help prints), a trailing `\\` continuing one."""
+    doc = ast.get_docstring(ast.parse(script.read_text()), clean=False) or ""
+    lines = list(enumerate(doc.splitlines(), start=1))
+    indented = [
+        (n, line)
+        for k, (n, line) in enumerate(lines)
+        if line.startswith("    ") or (k and lines[k - 1][1].rstrip().endswith("\\"))
+    ]
+    return joined(indented)
 
 
 def run_lines(command: str) -> list[tuple[str, list[str]]]:
