@@ -486,6 +486,8 @@ def main() -> None:
         print(tree())
         return
     if args.stats:
+        if not args.stats.is_dir():
+            parser.error(f"--stats {args.stats} is not a folder (the scripts' folder, e.g. src)")
         counts = {f"{v.name} vs {b.name}": changed_lines(b, v) for b, v in pairs(args.stats)}
         for name, count in counts.items():
             print(f"{count:5d}  {name}")

@@ -268,3 +268,25 @@ def test_a_real_variant_with_one_marker_removed_fails_with_its_line(tmp_path):
 def test_cli_refuses_one_file():
     proc = run("bench/check_markers.py", "src/train.py")
     assert proc.returncode == 2 and "exactly two" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_a_variant_s_docstring_is_its_own_text_and_left_out_of_the_diff_size(tmp_path):
+    """A variant's module docstring always differs from its base's: it needs no marker, and --stats leaves it out,
+    while a changed code line outside it still counts and still needs its marker."""
+    own = GOOD.replace(
+        '"""A base script."""', '"""X: train.py + a technique.\n\nWhy it is faster.\n\n    python x.py\n"""'
+    )
+    assert problems(tmp_path, own) == []
+    base, variant = write(tmp_path, BASE, GOOD)
+    size = check_markers.changed_lines(base, variant)
+    assert size > 0 and check_markers.changed_lines(*write(tmp_path, BASE, own)) == size
+    assert problems(tmp_path, own.replace('print("done", flush=True)', 'print("over", flush=True)'))
+
+
+def test_stats_prints_each_pair_and_the_mean_and_refuses_a_missing_folder(tmp_path):
+    proc = run("bench/check_markers.py", "--stats", "src")
+    lines = proc.stdout.splitlines()
+    assert proc.returncode == 0 and len(lines) == len(check_markers.pairs()) + 1
+    assert lines[-1].split()[1:] == ["mean", "lines", "changed", "per", "pair", f"({len(lines) - 1}", "pairs)"]
+    proc = run("bench/check_markers.py", "--stats", tmp_path / "nope")
+    assert proc.returncode == 2 and "is not a folder" in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr
