@@ -407,8 +407,8 @@ def title(script: Path) -> str:
 
 
 def scripts(src: Path = REPO / "src") -> list[Path]:
-    """Every script under `src` (common.py is the shared module, not a script)."""
-    return [p for p in sorted(src.glob("*.py")) if p.name != "common.py"]
+    """Every script under `src`: its *.py files (the shared package src/common/ is a folder, not a script)."""
+    return sorted(src.glob("*.py"))
 
 
 def chain_problems(src: Path = REPO / "src") -> list[str]:

@@ -316,7 +316,7 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
 
 
 def _write(path: Path, text: str) -> Path:
-    common.atomic_write_text(path, text)
+    common.io.atomic_write_text(path, text)
     return path
 
 
@@ -340,6 +340,6 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except common.WriteFailed as error:  # disk full, I/O error: the file named, its previous version left as it was
+    except common.io.WriteFailed as error:  # disk full, I/O error: the file named, its previous version left as it was
         print(f"diff_pages.py: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None

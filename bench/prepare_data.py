@@ -81,7 +81,7 @@ def _done(root: Path, params: dict) -> bool:
 
 def _finish(root: Path, params: dict, sizes: list[int]) -> None:
     summary = {"params": params, "files": len(sizes), "mean_kb": sum(sizes) / len(sizes) / 1000}
-    common.atomic_write_text(root / ".complete", json.dumps(summary, indent=2) + "\n")
+    common.io.atomic_write_text(root / ".complete", json.dumps(summary, indent=2) + "\n")
     print(f"prepare_data: {root}: {len(sizes)} JPEG files, {summary['mean_kb']:.1f} KB on average", flush=True)
 
 
@@ -93,14 +93,14 @@ def fashion_mnist_jpeg(out: Path, workers: int) -> Path:
         print(f"prepare_data: {root} is complete", flush=True)
         return root
     try:
-        folder = common.find_fashion_mnist()
-    except common.DataNotFound as error:
+        folder = common.data.find_fashion_mnist()
+    except common.data.DataNotFound as error:
         common.die(str(error))
     shutil.rmtree(root, ignore_errors=True)
     jobs = []
     for split, prefix in (("train", "train"), ("val", "t10k")):
-        images = common.read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
-        labels = common.read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz")
+        images = common.data.read_idx(folder / f"{prefix}-images-idx3-ubyte.gz")
+        labels = common.data.read_idx(folder / f"{prefix}-labels-idx1-ubyte.gz")
         for k, name in enumerate(FASHION_MNIST_CLASSES):
             (root / split / f"{k}_{name}").mkdir(parents=True, exist_ok=True)
         for i, (pixels, label) in enumerate(zip(images, labels, strict=True)):
@@ -162,10 +162,10 @@ def main() -> None:
 if __name__ == "__main__":
     try:
         main()
-    except common.WriteFailed as error:  # disk full, I/O error: the file named, its previous version left as it was
+    except common.io.WriteFailed as error:  # disk full, I/O error: the file named, its previous version left as it was
         print(f"prepare_data.py: error: {error}", file=sys.stderr)
         raise SystemExit(1) from None
     except OSError as error:  # an image (PIL) on a full disk: the set stays unmarked (no .complete), redone next run
-        reason = error.strerror or common.first_line(error)
+        reason = error.strerror or common.errors.first_line(error)
         print(f"prepare_data.py: error: cannot write {error.filename or 'an image'} ({reason})", file=sys.stderr)
         raise SystemExit(1) from None

@@ -40,7 +40,7 @@ def main() -> None:
     channels = 1 if args.image_size == 28 else 3  # Fashion-MNIST's shape at 28 px, RGB otherwise
     dtype = getattr(torch, args.amp_dtype)
     inductor_config.cpp.enable_kernel_profile = True  # name Inductor's C++ kernels in the profile
-    print(f"{common.cpu_info()['cpu_model']}, {torch.get_num_threads()} threads, torch {torch.__version__}")
+    print(f"{common.env.cpu_info()['cpu_model']}, {torch.get_num_threads()} threads, torch {torch.__version__}")
     print(f"{args.model} {channels}x{args.image_size}x{args.image_size}, batch {args.batch_size}, {args.amp_dtype}")
 
     for mode in ("eager", "compile"):
@@ -80,5 +80,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    common.install_error_hook()
+    common.cli.install_error_hook()
     main()

@@ -45,8 +45,8 @@ def assert_loads_into_train_py(checkpoint: Path) -> dict:
 def fmnist_dir() -> Path:
     """The folder with the real Fashion-MNIST files (the set-up installs them; no download in tests)."""
     try:
-        return common.find_fashion_mnist(download=False)
-    except common.DataNotFound as error:
+        return common.data.find_fashion_mnist(download=False)
+    except common.data.DataNotFound as error:
         pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
 
 

@@ -4,7 +4,7 @@
 
 The script runs unchanged (runpy, as `__main__`); afterwards this rank writes OUT/rank<R>.pt with the indices its
 DistributedSampler gave for each epoch, the sampler's last epoch, its model's state, its test shard size, and which
-of common.write_metrics / common.save_checkpoint it called with a real path (observed, not replaced).
+of common.metrics.write_metrics / common.save_checkpoint it called with a real path (observed, not replaced).
 """
 
 import runpy
@@ -23,8 +23,8 @@ flags = sys.argv[sys.argv.index("--") + 1 :]
 writes = []
 
 
-def observe(name):
-    original = getattr(common, name)
+def observe(module, name):
+    original = getattr(module, name)
 
     def wrapper(path, *args, **kwargs):
         if path is not None:
@@ -34,8 +34,8 @@ def observe(name):
     return wrapper
 
 
-common.write_metrics = observe("write_metrics")
-common.save_checkpoint = observe("save_checkpoint")
+common.metrics.write_metrics = observe(common.metrics, "write_metrics")  # what common.report calls
+common.save_checkpoint = observe(common, "save_checkpoint")  # what the script calls
 script = str(REPO / "src" / "train_DDP.py")
 sys.argv = [script, *flags]
 g = runpy.run_path(script, run_name="__main__")

@@ -1,4 +1,4 @@
-"""The bench runner, as a real subprocess: failures that become rows (failed, oom, timeout, skipped), Ctrl-C that
+"""The bench runner (bench.py, runs.py), as a real subprocess: failures that become rows (failed, oom, timeout, skipped), Ctrl-C that
 keeps the finished rows, --resume, and --tables-only (the smoke profile's outputs: test_smoke.py); and, in this
 process, a signal at each moment of a run (before its child starts, while it starts, while it runs)."""
 
@@ -16,7 +16,9 @@ from conftest import REPO, run
 
 sys.path.insert(0, str(REPO / "bench"))
 
-import bench  # noqa: E402
+import profiles  # noqa: E402
+import runs  # noqa: E402
+import summary  # noqa: E402
 
 PNGS = ["throughput.png", "accuracy_vs_time.png", "memory.png", "data_wait.png"]
 
@@ -55,13 +57,13 @@ min_gpus = 64
     out = tmp_path / "out"
     proc = run("bench/bench.py", "--profile", "t", "--matrix", matrix, "--out", out, timeout=600)
     assert proc.returncode == 1  # something failed: say so, after writing everything
-    summary = pd.read_csv(out / "summary.csv").set_index("config")
-    assert summary.loc["good", "status"] == "ok" and summary.loc["good", "images_per_s"] > 0
-    assert summary.loc["crash", "status"] == "failed"
-    assert "exit 2" in summary.loc["crash", "reason"] and "does not exist" in summary.loc["crash", "reason"]
-    assert summary.loc["slow", "status"] == "timeout"
-    assert summary.loc["needs two gpus", "status"] == "skipped"
-    assert "needs ≥ 64 GPUs" in summary.loc["needs two gpus", "reason"]
+    configs = pd.read_csv(out / "summary.csv").set_index("config")
+    assert configs.loc["good", "status"] == "ok" and configs.loc["good", "images_per_s"] > 0
+    assert configs.loc["crash", "status"] == "failed"
+    assert "exit 2" in configs.loc["crash", "reason"] and "does not exist" in configs.loc["crash", "reason"]
+    assert configs.loc["slow", "status"] == "timeout"
+    assert configs.loc["needs two gpus", "status"] == "skipped"
+    assert "needs ≥ 64 GPUs" in configs.loc["needs two gpus", "reason"]
     table = (out / "table.md").read_text()
     assert "failed: exit 2" in table and "timeout" in table and "skipped" in table
     for name in PNGS:
@@ -109,10 +111,10 @@ args = ["--device", "cpu", "--dataset", "synthetic", "--image-size", "30000", "-
     )
     proc = run("bench/bench.py", "--profile", "t", "--matrix", matrix, "--out", tmp_path / "out", timeout=600)
     assert proc.returncode == 1
-    summary = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("config")
-    assert summary.loc["quick", "status"] == "ok"
-    assert summary.loc["too big", "status"] == "oom"
-    assert "exit 3: train.py: error: out of memory" in summary.loc["too big", "reason"]
+    configs = pd.read_csv(tmp_path / "out" / "summary.csv").set_index("config")
+    assert configs.loc["quick", "status"] == "ok"
+    assert configs.loc["too big", "status"] == "oom"
+    assert "exit 3: train.py: error: out of memory" in configs.loc["too big", "reason"]
 
 
 def _pids(marker: str, exclude: str | None = None) -> list[int]:
@@ -149,9 +151,9 @@ def test_ctrl_c_keeps_finished_rows_and_resume_runs_only_the_rest(tmp_path):
     stdout, stderr = bench.communicate(timeout=120)
     assert bench.returncode == 130, stdout + stderr
     assert "interrupted" in stderr and "--resume" in stderr
-    runs = pd.read_csv(out / "runs.csv").set_index("config")
-    assert runs.loc["quick", "status"] == "ok" and runs.loc["quick", "images_per_s"] > 0
-    assert runs.loc["long", "status"] == "interrupted"
+    rows = pd.read_csv(out / "runs.csv").set_index("config")
+    assert rows.loc["quick", "status"] == "ok" and rows.loc["quick", "images_per_s"] > 0
+    assert rows.loc["long", "status"] == "interrupted"
     assert (out / "table.md").exists() and (out / "summary.csv").exists()
     assert not list(out.rglob("*.tmp"))  # every file was written whole, then renamed
     assert not _alive(str(out / "metrics" / "long-r1.json"))  # the interrupted run was killed, not orphaned
@@ -162,9 +164,9 @@ def test_ctrl_c_keeps_finished_rows_and_resume_runs_only_the_rest(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "quick r1: ok (already there, --resume)" in proc.stdout + proc.stderr
     assert (out / "logs" / "quick-r1.log").stat().st_mtime_ns == quick_log  # not run again
-    summary = pd.read_csv(out / "summary.csv").set_index("config")
-    assert (summary.status == "ok").all() and summary.loc["quick", "images_per_s"] > 0
-    assert summary.loc["long", "test_acc"] > 0.3  # 8 steps on 1,024 images; chance is 0.1
+    configs = pd.read_csv(out / "summary.csv").set_index("config")
+    assert (configs.status == "ok").all() and configs.loc["quick", "images_per_s"] > 0
+    assert configs.loc["long", "test_acc"] > 0.3  # 8 steps on 1,024 images; chance is 0.1
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
@@ -172,7 +174,7 @@ def test_ctrl_c_keeps_finished_rows_and_resume_runs_only_the_rest(tmp_path):
 def test_a_signal_at_any_moment_of_a_run_kills_its_child_and_leaves_an_interrupted_row(
     moment, signum, tmp_path, monkeypatch
 ):  # fmt: skip
-    """bench.execute with the runner's signal handling installed (bench.Stop, as main() does), the signal sent to this
+    """runs.execute with the runner's signal handling installed (runs.Stop, as main() does), the signal sent to this
     process at a chosen moment: right after the run's log is opened (before subprocess.Popen), inside Popen once the
     child exists (the moment a KeyboardInterrupt used to escape the kill and orphan the child), or once the child
     prints its first training line. Each time: the row says interrupted, and no process of the run is left."""
@@ -180,7 +182,7 @@ def test_a_signal_at_any_moment_of_a_run_kills_its_child_and_leaves_an_interrupt
             "launcher": "python", "timeout_s": 300}  # fmt: skip
     me, children = os.getpid(), []
     if moment == "before the child starts":
-        monkeypatch.setattr(bench, "open", lambda *a, **k: (os.kill(me, signum), open(*a, **k))[1], raising=False)
+        monkeypatch.setattr(runs, "open", lambda *a, **k: (os.kill(me, signum), open(*a, **k))[1], raising=False)
     real_popen = subprocess.Popen
 
     def popen(*args, **kwargs):
@@ -190,8 +192,8 @@ def test_a_signal_at_any_moment_of_a_run_kills_its_child_and_leaves_an_interrupt
             os.kill(me, signum)
         return child
 
-    monkeypatch.setattr(bench.subprocess, "Popen", popen)
-    log = bench.run_paths(run_, 1, tmp_path)[0]
+    monkeypatch.setattr(runs.subprocess, "Popen", popen)
+    log = runs.run_paths(run_, 1, tmp_path)[0]
 
     def signal_once_training():
         deadline = time.monotonic() + 300
@@ -201,8 +203,8 @@ def test_a_signal_at_any_moment_of_a_run_kills_its_child_and_leaves_an_interrupt
 
     if moment == "while it runs":
         threading.Thread(target=signal_once_training, daemon=True).start()
-    with bench.Stop() as stop:
-        row = bench.execute(run_, 1, tmp_path, sys.executable, 0, stop)
+    with runs.Stop() as stop:
+        row = runs.execute(run_, 1, tmp_path, sys.executable, 0, stop)
     assert stop.signal == signum and row["status"] == "interrupted", row
     assert children == ([] if moment == "before the child starts" else children[:1])
     for pid in children:
@@ -241,7 +243,7 @@ def test_a_stopped_torchrun_run_takes_its_workers_with_it(tmp_path):
     group SIGTERM first, which torchrun passes on to its workers before it exits. No worker may be left."""
     run_ = {"name": "ddp", "script": "src/train_DDP.py", "launcher": "torchrun", "nproc": 2, "timeout_s": 300,
             "args": ["--device", "cpu", "--epochs", "50", "--workers", "0"]}  # fmt: skip
-    log, metrics = bench.run_paths(run_, 1, tmp_path)
+    log, metrics = runs.run_paths(run_, 1, tmp_path)
     me, workers = os.getpid(), []
 
     def signal_once_training():
@@ -252,8 +254,8 @@ def test_a_stopped_torchrun_run_takes_its_workers_with_it(tmp_path):
         os.kill(me, signal.SIGINT)
 
     threading.Thread(target=signal_once_training, daemon=True).start()
-    with bench.Stop() as stop:
-        row = bench.execute(run_, 1, tmp_path, sys.executable, 0, stop)
+    with runs.Stop() as stop:
+        row = runs.execute(run_, 1, tmp_path, sys.executable, 0, stop)
     assert row["status"] == "interrupted", row
     assert "training cnn" in log.read_text() and len(workers) == 2  # both workers were there when it stopped
     assert not _alive(str(metrics)), "a torchrun worker outlived its stopped run"
@@ -263,29 +265,13 @@ def test_limited_by_reads_data_wait_and_the_ratio_to_the_ceiling():
     """A run that waits for data 25 % of its steps is input-bound; one that hardly waits but runs under 90 % of its
     synthetic ceiling is limited by its input's cost on the host (loader.py end to end on 2 cores: 2.4 % wait, 59 %
     of the ceiling); else compute."""
-    assert bench.limited_by(0.5) == "input"
-    assert bench.limited_by(0.024, 0.59) == "input (below ceiling)"
-    assert bench.limited_by(0.024, 0.95) == bench.limited_by(0.024) == "compute"
-    assert bench.limited_by(float("nan"), 0.5) == "–"
+    assert summary.limited_by(0.5) == "input"
+    assert summary.limited_by(0.024, 0.59) == "input (below ceiling)"
+    assert summary.limited_by(0.024, 0.95) == summary.limited_by(0.024) == "compute"
+    assert summary.limited_by(float("nan"), 0.5) == "–"
 
 
 def test_bf16_rows_skip_on_a_cpu_without_bf16_and_say_which_ladder_runs_them():
     run = {"name": "train_compile.py cnn, bf16", "requires": "bf16"}
-    assert bench.skip_reason(run, gpus=0, bf16=True) is None
-    assert "no bf16 instructions" in bench.skip_reason(run, gpus=0, bf16=False)
-
-
-def test_datasheet_share_of_an_h100_row():
-    """ResNet-50 at 5,812 images/s, 24.3 GFLOPs per image in training (counted here, forward + backward), is about
-    141 TFLOP/s: 14 % of an H100 SXM's dense float16 peak (989.4 TFLOP/s, the whitepaper's)."""
-    flops = bench.count_flops_per_image("resnet50", 3, 224)
-    assert flops == pytest.approx(24.3e9, rel=0.01)
-    achieved = flops * 5811.9 / 1e12
-    env = {"gpus": ["NVIDIA H100 80GB HBM3"]}
-    assert bench.of_datasheet(achieved, "amp float16 + channels_last", env, "resnet50", 1) == pytest.approx(
-        achieved / 989.4
-    )
-    assert bench.of_datasheet(achieved, "fp32 (TF32 convs)", env, "resnet50", 1) == pytest.approx(achieved / 494.7)
-    assert bench.of_datasheet(achieved, "fp32", {"gpus": []}, "cnn", 0) is None  # a CPU has no datasheet here
-    assert bench.of_datasheet(achieved, "fp32", env, "cnn", 0) is None  # a --device cpu row on a GPU machine
-    assert bench.count_flops_per_image("mlp", 1, 28) == 818_176  # the hand count of tests/test_train.py
+    assert profiles.skip_reason(run, gpus=0, bf16=True) is None
+    assert "no bf16 instructions" in profiles.skip_reason(run, gpus=0, bf16=False)

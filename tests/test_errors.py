@@ -46,7 +46,7 @@ def assert_worker_error(proc, *fragments):
     assert lines, proc.stderr
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
-    assert 'src/train_DDP.py", line' not in proc.stderr and 'common.py", line' not in proc.stderr
+    assert 'src/train_DDP.py", line' not in proc.stderr and "src/common/" not in proc.stderr
 
 
 USAGE = [

@@ -205,7 +205,7 @@ CHECKPOINTS = {  # name: (how the checkpoint is damaged, script, extra flags, fr
     "not a checkpoint": (lambda raw: b"not a checkpoint at all", "src/train.py", [], "is not a readable checkpoint"),
     "truncated": (lambda raw: raw[: len(raw) // 2], "src/train.py", [], "is not a readable checkpoint"),
     "a pickle with code": (
-        lambda raw: _saved_bytes({"format": common.CHECKPOINT_FORMAT, "made_by": {}, "hook": CODE}),
+        lambda raw: _saved_bytes({"format": common.checkpoint.CHECKPOINT_FORMAT, "made_by": {}, "hook": CODE}),
         "src/train.py", [], "is not a readable checkpoint (Weights only load failed",
     ),
     "an older format": (

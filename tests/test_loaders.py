@@ -23,7 +23,7 @@ COUNTS = [4 + 4 * k for k in range(10)]  # unequal classes: 220 training images,
 
 def grey_folder(root, counts, val_per_class=3):
     """An ImageFolder of real Fashion-MNIST test images as 28x28 greyscale JPEGs, `counts[k]` in train/ class k."""
-    images = common.read_idx(common.find_fashion_mnist(download=False) / "t10k-images-idx3-ubyte.gz")
+    images = common.data.read_idx(common.data.find_fashion_mnist(download=False) / "t10k-images-idx3-ubyte.gz")
     i = 0
     for split, per_class in (("train", counts), ("val", [val_per_class] * len(counts))):
         for k, n in enumerate(per_class):

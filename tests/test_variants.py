@@ -66,7 +66,7 @@ def test_ddp_test_accuracy_counts_each_of_the_10000_images_once(ddp, fmnist_dir)
     shards = [set(r["test_indices"]) for r in ranks]
     assert not shards[0] & shards[1] and len(shards[0] | shards[1]) == 10_000
     # Recompute the accuracy from outside: each rank's model on its own shard, summed.
-    _, test_set = common.fashion_mnist(fmnist_dir)
+    _, test_set = common.data.fashion_mnist(fmnist_dir)
     correct = 0.0
     for r in ranks:
         model = common.build_model("cnn", 1, 28)
@@ -108,7 +108,7 @@ def test_ddp_checkpoint_loads_into_train_py_and_resume_refuses_another_world_siz
     assert proc.returncode != 0 and "resumed from" not in proc.stdout
     errors = [line for line in proc.stderr.splitlines() if "train_DDP.py: error: " in line]
     assert errors and "world size 2 there, 1 here" in errors[0], proc.stderr
-    assert 'common.py", line' not in proc.stderr  # one line from the worker; torchrun's own report follows it
+    assert "src/common/" not in proc.stderr  # one line from the worker; torchrun's own report follows it
 
 
 def _free_port() -> int:

@@ -1,0 +1,158 @@
+"""The PNG plots of a result folder: throughput, accuracy against time, peak memory, data-wait, the ladders and the
+sweeps, each written atomically."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display needed
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from cells import cell_text, fmt, row_groups, sweep_groups, x_cell  # noqa: E402
+from profiles import KNOBS  # noqa: E402
+
+import common  # noqa: E402
+
+
+def _save(fig, path: Path) -> None:
+    """Write `fig` to `path` as PNG, atomically (`common.io.atomic_write`: raises WriteFailed when it cannot)."""
+    try:
+        common.io.atomic_write(path, lambda f: fig.savefig(f, format="png", dpi=120, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
+
+
+def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> None:
+    """The four PNGs: images/s with speed-up labels, accuracy vs training time, peak memory, data-wait vs compute."""
+    ok = summary[summary.status == "ok"].copy()
+    labels = ok.config.tolist()
+    height = 1 + 0.5 * max(len(ok), 1)
+
+    fig, ax = plt.subplots(figsize=(9, height))
+    ips = pd.to_numeric(ok.images_per_s, errors="coerce").fillna(0)
+    err = (
+        [
+            ips - pd.to_numeric(ok.images_per_s_min, errors="coerce").fillna(ips),
+            pd.to_numeric(ok.images_per_s_max, errors="coerce").fillna(ips) - ips,
+        ]
+        if len(ok)
+        else None
+    )
+    bars = ax.barh(labels, ips, xerr=err, color="tab:blue", capsize=3)
+    ax.bar_label(bars, [fmt(s, ".2f") + "×" if pd.notna(s) else "" for s in ok.speedup], padding=4)
+    ax.invert_yaxis()
+    ax.set_xlabel("images/s (median, min–max)")
+    ax.set_title(f"Throughput: {title}")
+    _save(fig, out / "throughput.png")
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for r in runs[(runs.status == "ok") & (runs.dataset != "synthetic")].itertuples():
+        epochs = json.loads(r.epochs) if isinstance(r.epochs, str) else []
+        epochs = [e for e in epochs if e.get("val_acc") is not None]  # loader-only runs do not evaluate
+        if epochs:
+            ax.plot(
+                [e["train_s"] for e in epochs],
+                [100 * e["val_acc"] for e in epochs],
+                marker="o",
+                label=f"{r.config} (r{r.repeat})",
+            )
+    ax.set_xlabel("training time (s, evaluation excluded)")
+    ax.set_ylabel("test accuracy (%)")
+    ax.set_title(f"Accuracy vs time: {title}")
+    if ax.lines:
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    _save(fig, out / "accuracy_vs_time.png")
+
+    fig, ax = plt.subplots(figsize=(9, height))
+    y = range(len(ok))
+    for offset, (key, name) in enumerate(
+        [
+            ("peak_mem_allocated_gib", "peak allocated (device)"),
+            ("peak_mem_reserved_gib", "peak reserved (device)"),
+            ("peak_host_rss_gib", "peak host RSS"),
+        ]
+    ):
+        values = pd.to_numeric(ok[key], errors="coerce").fillna(0) if key in ok else [0] * len(ok)
+        ax.barh([i + (offset - 1) * 0.27 for i in y], values, height=0.27, label=name)
+    ax.set_yticks(list(y), labels)
+    ax.invert_yaxis()
+    ax.set_xlabel("GiB (device memory is 0 on CPU runs)")
+    ax.set_title(f"Peak memory: {title}")
+    ax.legend(fontsize=8)
+    _save(fig, out / "memory.png")
+
+    fig, ax = plt.subplots(figsize=(9, height))
+    wait = 100 * pd.to_numeric(ok.data_wait_frac, errors="coerce").fillna(0)
+    ax.barh(labels, wait, color="tab:red", label="waiting for data")
+    ax.barh(labels, 100 - wait, left=wait, color="tab:green", label="compute and the rest")
+    ax.invert_yaxis()
+    ax.set_xlabel("% of steady-state step time")
+    ax.set_title(f"Data-wait vs compute: {title}")
+    ax.legend(fontsize=8)
+    _save(fig, out / "data_wait.png")
+    plot_ladders(summary, out, title)
+    plot_sweeps(summary, out, title)
+
+
+def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
+    """ladder.png: one panel per ladder, images/s per rung, labelled with × its base rung and × the first rung; a
+    rung slower than its base in red, so that a technique that does not pay on this machine stands out."""
+    ladders = row_groups(summary, "ladder")
+    if not ladders:
+        return
+    fig, axes = plt.subplots(len(ladders), 1, figsize=(10, 1.2 + 2.2 * len(ladders)), squeeze=False)
+    for ax, (name, rungs) in zip(axes[:, 0], ladders, strict=True):
+        ips = pd.to_numeric(rungs.images_per_s, errors="coerce").fillna(0)
+        first = ips.iloc[0] or float("nan")
+        slower = [pd.notna(r.speedup_rung) and r.speedup_rung < 1 for r in rungs.itertuples()]  # than its base rung
+        colors = ["tab:red" if s else "tab:green" for s in slower]
+        bars = ax.barh([str(r.config)[:60] for r in rungs.itertuples()], ips, color=colors)
+        labels = [
+            f"{x_cell(r.speedup_rung)} base, {x_cell(v / first)} cumulative"
+            if v
+            else (cell_text(r.status) if r.status != "ok" else "not measured")
+            for r, v in zip(rungs.itertuples(), ips, strict=True)
+        ]
+        ax.bar_label(bars, labels, padding=4, fontsize=8)
+        ax.invert_yaxis()
+        ax.set_title(f"Ladder: {name}", fontsize=10)
+        ax.set_xlabel("images/s")
+        ax.set_xlim(0, max(ips.max(), 1) * 1.45)
+    fig.suptitle(f"Speed-up ladder: {title}", fontsize=11)
+    fig.tight_layout()
+    _save(fig, out / "ladder.png")
+
+
+def plot_sweeps(summary: pd.DataFrame, out: Path, title: str) -> None:
+    """sweeps.png: one panel per sweep, images/s against the knob (left axis) and data-wait in % (right axis)."""
+    sweeps = sweep_groups(summary)
+    if not sweeps:
+        return
+    fig, axes = plt.subplots(1, len(sweeps), figsize=(5.5 * len(sweeps), 4), squeeze=False)
+    for ax, (name, rows, knob) in zip(axes[0], sweeps, strict=True):
+        ok = rows[rows.status == "ok"]
+        if ok.empty or knob not in ok:  # no point of this sweep finished: an empty panel
+            ax.set_title(f"{name}: no point finished", fontsize=9)
+            continue
+        x = pd.to_numeric(ok[knob], errors="coerce")
+        ax.plot(x, pd.to_numeric(ok.images_per_s, errors="coerce"), marker="o", color="tab:blue")
+        ax.set_xlabel(KNOBS.get(knob, knob))
+        ax.set_ylabel("images/s", color="tab:blue")
+        ax.set_ylim(bottom=0)
+        if knob == "global_batch":
+            ax.set_xscale("log", base=2)
+            ax.minorticks_off()
+        ax.set_xticks(list(x), [f"{v:.0f}" for v in x])
+        wait = ax.twinx()
+        wait.plot(x, 100 * pd.to_numeric(ok.data_wait_frac, errors="coerce"), marker="s", color="tab:red", ls="--")
+        wait.set_ylabel("data-wait (% of step time)", color="tab:red")
+        wait.set_ylim(0, 100)
+        ax.set_title(name, fontsize=9)
+        ax.grid(alpha=0.3)
+    fig.suptitle(f"Sweeps: {title}", fontsize=11)
+    fig.tight_layout()
+    _save(fig, out / "sweeps.png")

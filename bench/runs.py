@@ -1,0 +1,242 @@
+"""One run of the matrix: its command line, a subprocess in a session of its own with a timeout, the signals that
+stop it at a safe point, and its row for runs.csv."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+# What a configuration is (the same in each of its runs), then what a run measures.
+CONFIG_FIELDS = [
+    "loader",
+    "workers",
+    "loader_only",
+    "image_size",
+    "model",
+    "dataset",
+    "device",
+    "world_size",
+    "gpus",
+    "global_batch",
+    "precision",
+]
+RUN_FIELDS = [
+    "script",
+    "technique",
+    *CONFIG_FIELDS,
+    "images_per_s",
+    "images_per_s_note",
+    "first_step_s",
+    "compile_s",
+    "time_to_target_incl_compile_s",
+    "allreduces_per_step",
+    "step_ms_p50",
+    "step_ms_p90",
+    "data_wait_frac",
+    "peak_mem_allocated_gib",
+    "peak_mem_reserved_gib",
+    "peak_host_rss_gib",
+    "activation_mib",
+    "flops_per_image",
+    "achieved_tflops",
+    "graphs_compiled",
+    "recompiled_steps",
+    "params",
+    "params_per_rank",
+    "test_acc",
+    "time_to_target_s",
+    "train_s",
+    "steps",
+    "lr",
+]
+
+
+def command(run: dict, metrics: Path, python: str, gpus: int) -> list[str]:
+    """The argv that runs `run` once and writes its metrics JSON to `metrics`."""
+    script = str(REPO / run["script"])
+    out = str(metrics.parent.parent.resolve())  # an argument may name the result folder as {out} (a trace's folder)
+    tail = [script, *(str(a).replace("{out}", out) for a in run["args"]), "--metrics-out", str(metrics)]
+    if run["launcher"] == "torchrun":
+        nproc = gpus if run.get("nproc") == "gpus" else int(run.get("nproc", 1))
+        return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *tail]
+    return [python, *tail]
+
+
+def last_line(log: Path) -> str:
+    """The line that says why a run ended: the last `...: error: ...` line of `log` (the scripts' one-line errors,
+    which torchrun's own failure report follows), else its last non-empty line; at most 200 characters."""
+    try:
+        lines = [line.strip() for line in re.split(r"[\r\n]", log.read_text(errors="replace")) if line.strip()]
+    except OSError:
+        return ""
+    errors = [line for line in lines if ": error: " in line]
+    return (errors or lines or [""])[-1][:200]
+
+
+def is_out_of_memory(text: str) -> bool:
+    """CUDA's "CUDA out of memory", the scripts' one-line "out of memory", Python's MemoryError, or the CPU
+    allocator's "can't allocate memory"."""
+    return "out of memory" in text.lower() or "MemoryError" in text or "can't allocate memory" in text
+
+
+def run_paths(run: dict, repeat: int, out: Path) -> tuple[Path, Path]:
+    """(log, metrics JSON) of repeat `repeat` of `run` under `out`."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", run["name"]).strip("-")
+    return out / "logs" / f"{slug}-r{repeat}.log", out / "metrics" / f"{slug}-r{repeat}.json"
+
+
+def finished_rows(out: Path) -> dict:
+    """For --resume: the ok rows of OUT/runs.csv whose metrics JSON is still there, by (config, repeat)."""
+    try:
+        previous = pd.read_csv(out / "runs.csv", dtype={"config": str})
+    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
+        return {}
+    if "status" not in previous or "repeat" not in previous:
+        return {}
+    rows = {}
+    for row in previous[previous.status == "ok"].to_dict("records"):
+        metrics = out / "metrics" / Path(str(row.get("log", ""))).with_suffix(".json").name
+        if metrics.exists():
+            rows[(row["config"], int(row["repeat"]))] = row
+    return rows
+
+
+class Stop:
+    """Ctrl-C (SIGINT), SIGTERM and SIGHUP (the terminal closed) turned into a flag that the runner reads at safe
+    points, installed for the time of a `with Stop() as stop:` block (the previous handlers come back after it).
+
+    A signal raises nothing, so it cannot land between starting a child and being ready to kill it (inside
+    subprocess.Popen, or before the `try` around the wait), nor in the middle of writing a file: `execute` checks
+    the flag before it starts a child and every POLL_S while it waits, and kills the child's process group when it
+    is set. `signal` is the first signal's number (None until one arrives); later ones change nothing.
+    """
+
+    def __init__(self):
+        self.signal: int | None = None
+
+    def __enter__(self) -> "Stop":
+        self._previous = {s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)
+
+    def _handle(self, number, frame) -> None:
+        self.signal = self.signal or number
+
+    @property
+    def name(self) -> str:
+        return "Ctrl-C" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
+
+
+POLL_S = 0.2  # how often a waiting runner looks at the stop flag and the timeout
+# On Linux each run starts through this launcher: it asks the kernel to send the run SIGTERM when the runner dies, even
+# by SIGKILL (prctl PR_SET_PDEATHSIG), checks that the runner did not die before that, then becomes the run's command.
+# A run is in its own session, so without it a killed runner would leave it running. torchrun ends its workers on
+# SIGTERM; a script's DataLoader workers end when their parent does.
+DIE_WITH_RUNNER = """import ctypes, os, signal, sys
+ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)
+if os.getppid() != int(sys.argv[1]):
+    os._exit(143)
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
+
+
+# How long a run has to end on SIGTERM before SIGKILL: torchrun gives its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+# (default 30 s) between its own SIGTERM and SIGKILL, plus a margin for its own exit.
+GRACE_S = int(os.environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30")) + 15
+
+
+def exited(process: subprocess.Popen, timeout_s: float = 0.0) -> bool:
+    """Whether the run's first process (its group's leader) has exited, waiting up to `timeout_s` seconds for it.
+    The exit is seen without reaping the process (waitid WNOWAIT): while it is not reaped its process-group id cannot
+    be given to another process, so the group can still be signalled safely."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+
+
+def end_run(process: subprocess.Popen) -> None:
+    """End a run started in a session of its own, then reap it. If its first process still runs, SIGTERM goes to
+    its whole process group: a script and its DataLoader workers exit, and torchrun, whose workers run in sessions
+    of their own that a group signal does not reach, stops them before it exits; if it is still running after
+    GRACE_S, SIGKILL. Then SIGKILL to whatever is left in the group (nothing, normally), before the first process is
+    reaped, so the group id cannot have been reused meanwhile."""
+    if not exited(process):
+        os.killpg(process.pid, signal.SIGTERM)
+        exited(process, GRACE_S)
+    with contextlib.suppress(ProcessLookupError):  # the group is empty once its members have exited
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Stop) -> dict:
+    """Run `run` once as a subprocess with its timeout; return its row for runs.csv.
+
+    status: ok, failed (non-zero exit or no metrics), oom (out of memory in its log), timeout (killed after
+    `timeout_s`), or interrupted (`stop` was signalled before or while it ran: the run is not started, or its whole
+    process group is killed, and the caller stops the matrix).
+    """
+    log, metrics = run_paths(run, repeat, out)
+    log.parent.mkdir(parents=True, exist_ok=True)
+    metrics.parent.mkdir(parents=True, exist_ok=True)
+    metrics.unlink(missing_ok=True)
+    argv = command(run, metrics, python, gpus)
+    row = {"config": run["name"], "repeat": repeat, "log": str(log.relative_to(out)), "command": " ".join(argv)}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    rc = None
+    with open(log, "w") as f:
+        f.write("$ " + " ".join(argv) + "\n")
+        f.flush()
+        if stop.signal is None:
+            # A new session, so that a timeout or a stop kills the whole process group (DataLoader workers,
+            # torchrun's children), and Ctrl-C in the terminal reaches the runner only.
+            launch = [sys.executable, "-c", DIE_WITH_RUNNER, str(os.getpid())] if sys.platform == "linux" else []
+            process = subprocess.Popen(
+                [*launch, *argv], stdout=f, stderr=subprocess.STDOUT, cwd=REPO, env=env, start_new_session=True
+            )
+            try:
+                deadline = time.monotonic() + run["timeout_s"]
+                while stop.signal is None and time.monotonic() < deadline and not exited(process, POLL_S):
+                    pass
+                finished = exited(process)  # on its own, before any signal of ours
+            finally:  # timed out, stopped, or an error in this loop: the whole run goes, then it is reaped
+                end_run(process)
+            rc = process.returncode if finished else None
+    row["wall_s"] = time.perf_counter() - started
+    text = log.read_text(errors="replace")
+    if stop.signal is not None and rc is None:
+        row.update(status="interrupted", reason=f"{stop.name}: killed; --resume runs it again")
+    elif rc is None:
+        row.update(status="timeout", reason=f"killed after {run['timeout_s']} s; last line: {last_line(log)}")
+    elif rc != 0:
+        row.update(status="oom" if is_out_of_memory(text) else "failed", reason=f"exit {rc}: {last_line(log)}")
+    elif not metrics.exists():
+        row.update(status="failed", reason="exit 0 but no metrics JSON written")
+    else:
+        record = json.loads(metrics.read_text())
+        row.update({key: record.get(key) for key in RUN_FIELDS}, status=record.get("status", "ok"), reason="")
+        resolved = record.get("args") or {}  # the script's flags, every one with its value
+        row["lr"] = resolved.get("lr")  # a batch-size sweep scales it: the table shows it
+        if row.get("workers") is None:  # the loaders report their workers; the training scripts have the flag
+            row["workers"] = resolved.get("workers")
+        if record.get("images_per_s") is None:
+            row["reason"] = record.get("images_per_s_note") or "images/s not measured"
+        row["epochs"] = json.dumps(record.get("epochs", []))
+    return row

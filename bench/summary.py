@@ -1,0 +1,104 @@
+"""From runs to configurations: one row each with medians over its runs, its ratios to the rows it is measured
+against, and what limited it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+from profiles import name_list
+from runs import CONFIG_FIELDS, RUN_FIELDS
+
+# What a configuration's row takes the median of over its ok runs: every measured number of a run (RUN_FIELDS but
+# what names the configuration, the note and the step count).
+MEDIAN_FIELDS = [
+    f for f in RUN_FIELDS if f not in {"script", "technique", *CONFIG_FIELDS, "images_per_s_note", "steps"}
+]
+
+
+INPUT_BOUND = 0.25  # data-wait fraction from which a run counts as limited by its input
+BELOW_CEILING = 0.9  # share of its synthetic ceiling under which a run is limited by its input's cost on the host
+
+
+def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
+    """One row per configuration, in matrix order: medians over its ok runs (min-max for images/s) and speed-up."""
+    rows = []
+    for run in matrix:
+        mine = runs[runs.config == run["name"]]
+        ok = mine[mine.status == "ok"]
+        row = {
+            "config": run["name"],
+            "script": Path(run["script"]).name,
+            "technique": None,
+            "note": run.get("note", ""),
+            "baseline": run.get("baseline", ""),
+            # a row may be a rung of several ladders (a point of several sweeps): the names joined by " | "
+            **{key: " | ".join(name_list(run.get(key, [])) or []) for key in ("ladder", "sweep", "knob")},
+            "rung_base": run.get("rung_base", ""),
+            "ceiling": run.get("ceiling", ""),
+            "ablation_of": run.get("ablation_of", ""),
+            "memory": run.get("memory", ""),
+            "runs_ok": len(ok),
+            "runs": len(mine),
+        }
+        if len(ok):
+            first = ok.iloc[0]
+            row.update({key: first.get(key) for key in CONFIG_FIELDS}, technique=first.get("technique"))
+            for key in MEDIAN_FIELDS:
+                values = pd.to_numeric(ok[key], errors="coerce").dropna() if key in ok else pd.Series(dtype=float)
+                row[key] = values.median() if len(values) else None
+            row["images_per_s_min"] = pd.to_numeric(ok.images_per_s, errors="coerce").min()
+            row["images_per_s_max"] = pd.to_numeric(ok.images_per_s, errors="coerce").max()
+            row["status"], row["reason"] = (
+                "ok",
+                ""
+                if len(ok) == len(mine)
+                else "; ".join(f"r{r.repeat}: {r.status} {r.reason}" for r in mine.itertuples() if r.status != "ok"),
+            )
+        else:
+            row["status"] = mine.status.iloc[0] if len(mine) else "not run"
+            row["reason"] = mine.reason.iloc[0] if len(mine) else "interrupted before this configuration"
+        rows.append(row)
+    summary = pd.DataFrame(rows)
+    if "images_per_s" not in summary:
+        summary["images_per_s"] = None
+    speed = dict(zip(summary.config, pd.to_numeric(summary.images_per_s, errors="coerce"), strict=True))
+    # images/s over another configuration's: the baseline (speed-up), the rung's base (its lesson), its ceiling,
+    # and for an ablation the whole configuration it leaves one change out of
+    ratios = (
+        ("speedup", "baseline"),
+        ("speedup_rung", "rung_base"),
+        ("of_ceiling", "ceiling"),
+        ("of_whole", "ablation_of"),
+    )
+    for column, other in ratios:
+        summary[column] = [
+            speed.get(c, float("nan")) / speed[b] if b in speed else None
+            for c, b in zip(summary.config, summary[other], strict=True)
+        ]
+    summary["limited_by"] = [
+        limited_by(w, c)
+        for w, c in zip(
+            pd.to_numeric(summary.data_wait_frac, errors="coerce"),
+            pd.to_numeric(summary.of_ceiling, errors="coerce"),
+            strict=True,
+        )
+    ]
+    return summary
+
+
+def limited_by(data_wait: float, of_ceiling: float | None = None) -> str:
+    """What limited a run: "input" when its steps waited for data 25 % of the time or more; "input (below ceiling)"
+    when they waited less but the run reached under 90 % of its ceiling (the same model on a synthetic batch already
+    on the device): the input pipeline's work takes time the training needs, which data-wait alone does not show (on
+    a CPU, decoding takes the cores it trains on; on a GPU, workers compete with the host thread that queues the
+    kernels, and DALI's `mixed` decoding runs on the same GPU); else
+    "compute" (the device and the host's queueing of its work). "–" when not measured. A loader-only row is input by
+    construction."""
+    if data_wait is None or pd.isna(data_wait):
+        return "–"
+    if data_wait >= INPUT_BOUND:
+        return "input"
+    if of_ceiling is not None and pd.notna(of_ceiling) and of_ceiling < BELOW_CEILING:
+        return "input (below ceiling)"
+    return "compute"

@@ -1,0 +1,329 @@
+"""The Markdown tables of a result folder: table.md (ladders, training, memory, sweeps, ablations, input
+pipelines), ladder.md, and peak.md for an older folder."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+from cells import (
+    acc_cell,
+    cell_text,
+    compiled_cell,
+    fmt,
+    hardware_line,
+    ips_cell,
+    peak_cells,
+    ratio_of,
+    row_groups,
+    status_cell,
+    sweep_groups,
+    wait_cell,
+    x_cell,
+)
+from peak import count_flops_per_image, datasheet, of_datasheet, of_peak, peak_line
+from profiles import KNOBS
+from summary import BELOW_CEILING, INPUT_BOUND
+
+
+def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str) -> str:
+    """table.md: hardware, versions and commit in the header, then the ladder(s), the training table and the
+    input-pipeline table."""
+    is_loader = (
+        summary.script.astype(str).str.startswith("loader")
+        | summary.get("loader", pd.Series(index=summary.index, dtype=object)).notna().to_numpy()
+    )
+    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    header = (
+        f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n"
+        f"images/s: global (summed over processes), steady state (warm-up steps excluded), median over {repeats} "
+        '(min–max in brackets when repeated); "not measured" when a run had no step after its warm-up. Speed-up: '
+        "median images/s over the baseline configuration's. Limited by: input when the steps waited for data "
+        f"{100 * INPUT_BOUND:.0f} % of the time or more; input (below ceiling) when they waited less but the row reached "
+        f"under {100 * BELOW_CEILING:.0f} % of its ceiling (the same model on a synthetic batch already on the "
+        "device): decoding takes the CPU time training needs, which data-wait does not show; else compute. "
+        "World size: processes; GPUs: devices the run "
+        "used (0 on CPU). Peak memory per device; host RSS of the training process. Test accuracy over the 10,000 "
+        "Fashion-MNIST test images after the last epoch (loaders: over the folder's val/ images). First step: "
+        "seconds of the first training step, where torch.compile compiles (its `compile_s`), cuDNN autotunes and "
+        "workers start; time to target leaves compile_s out, the column after it includes it. On CPU, bfloat16 "
+        "autocast is native with bf16 instructions and emulated (slow) without: see the CPU line above. "
+        "GFLOPs/image: training FLOPs (forward + backward matmuls, convolutions, attention) counted with "
+        "torch.utils.flop_counter on one step, as they ran (an activation-checkpointing recompute counts: hardware "
+        "FLOPs); TFLOP/s: that x images/s, all devices together; of peak: over this machine's measured matmul peak "
+        f"in the dtype the run computed in, per device used ({peak_line(env)}): how much of the hardware the run "
+        "uses, the rest is what is left to gain"
+        + (f"; of datasheet: over the GPU's dense peak in that dtype ({datasheet(env)[1]})" if datasheet(env) else "")
+        + ".\n\n"
+    )
+    is_ablation = summary.ablation_of.map(cell_text).to_numpy() != ""
+    text = header + ladder_markdown(summary, env)
+    if (~is_loader & ~is_ablation).any():
+        text += "## Training scripts\n\n" + _training_table(summary[~is_loader & ~is_ablation], env) + "\n"
+    text += memory_markdown(summary, env) + sweep_markdown(summary)
+    if is_ablation.any():
+        text += (
+            "## Ablations: one change left out\n\nEach row runs a configuration with one of its changes left out "
+            "(train_fast.py --without X); × the whole: its images/s over the whole configuration's; the change "
+            "buys: the inverse, the speed-up that change alone is worth there.\n\n"
+            + _ablation_table(summary[is_ablation])
+            + "\n"
+        )
+    if is_loader.any():
+        text += "## Input pipelines (JPEG files)\n\n" + _loader_table(summary[is_loader], env) + "\n"
+    return text
+
+
+def ladder_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
+    """One table per ladder of the profile (rows with `ladder = NAME`, in matrix order): each rung's images/s, its
+    speed-up over its base rung (the lesson of that step) and over the ladder's first rung (cumulative), TFLOP/s and
+    share of the peak (`env`'s), what torch.compile compiled, peak memory, test accuracy and time to the target."""
+    text = ""
+    for name, rungs in row_groups(summary, "ladder"):
+        rows = []
+        first = rungs.iloc[0]
+        for r in rungs.to_dict("records"):
+            on_cpu = r.get("device") == "cpu"
+            cumulative = ratio_of(r.get("images_per_s"), first.get("images_per_s"))
+            rows.append(
+                {
+                    "rung": r["config"],
+                    "technique": r.get("technique") or "–",
+                    "precision": r.get("precision") or "–",
+                    "images/s": ips_cell(r),
+                    "× its base": x_cell(r.get("speedup_rung"))
+                    + (f" ({cell_text(r.get('rung_base'))})" if cell_text(r.get("rung_base")) else ""),
+                    f"× {first['script']}": x_cell(cumulative),
+                    "of its ceiling": fmt(r.get("of_ceiling"), ".0f", 100) + " %"
+                    if pd.notna(r.get("of_ceiling"))
+                    else "–",
+                    "limited by": r.get("limited_by") or "–",
+                    **peak_cells(r, env or {}),
+                    "compiled": compiled_cell(r),
+                    "peak mem (GiB)": ("host " + fmt(r.get("peak_host_rss_gib"), ".2f"))
+                    if on_cpu
+                    else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                    "test acc": acc_cell(r),
+                    "time to target (s)": fmt(r.get("time_to_target_s"), ".1f"),
+                    "incl. compile (s)": fmt(r.get("time_to_target_incl_compile_s"), ".1f"),
+                    "status": status_cell(r),
+                }
+            )
+        table = pd.DataFrame(rows)
+        table = table[[c for c in table.columns if c == "rung" or (table[c] != "–").any()]]  # drop empty columns
+        text += f"## Ladder: {name}\n\n" + table.to_markdown(index=False) + "\n\n"
+    return text
+
+
+def sweep_markdown(summary: pd.DataFrame) -> str:
+    """One table per sweep (rows with `sweep = NAME` and `knob`, in matrix order): the knob's value, images/s and
+    × the first point, data-wait, step time, the learning rate (a batch-size sweep scales it linearly) and test
+    accuracy."""
+    text = ""
+    for name, rows, knob in sweep_groups(summary):
+        first = rows.iloc[0]
+        table = [
+            {
+                KNOBS.get(knob, knob): fmt(r.get(knob), ".0f"),
+                "images/s": ips_cell(r),
+                "× the first": x_cell(ratio_of(r.get("images_per_s"), first.get("images_per_s"))),
+                "data-wait": wait_cell(r),
+                "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
+                "lr": fmt(r.get("lr"), ".3g"),
+                "test acc": acc_cell(r),
+                "status": status_cell(r),
+            }
+            for r in rows.to_dict("records")
+        ]
+        text += (
+            f"## Sweep: {name}\n\nOne knob varied, everything else fixed; images/s against it, with data-wait beside "
+            "it (sweeps.png plots both).\n\n" + pd.DataFrame(table).to_markdown(index=False) + "\n\n"
+        )
+    return text
+
+
+def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
+    """One table per memory comparison of the profile (rows with `memory = NAME`, in matrix order; the first is the
+    reference): parameters per process, activation memory (what autograd kept for backward in one step, measured),
+    peak memory per process, images/s, and each against the reference's."""
+    text = ""
+    for name, rows in row_groups(summary, "memory"):
+        first = rows.iloc[0]
+        table = []
+        for r in rows.to_dict("records"):
+            on_cpu = r.get("device") == "cpu"
+            per_rank = r.get("params_per_rank") if pd.notna(r.get("params_per_rank")) else r.get("params")
+            table.append(
+                {
+                    "configuration": r["config"],
+                    "technique": r.get("technique") or "–",
+                    "world size": fmt(r.get("world_size"), ".0f"),
+                    "global batch": fmt(r.get("global_batch"), ".0f"),
+                    "params per process": fmt(per_rank, ",.0f"),
+                    "activations (MiB)": fmt(r.get("activation_mib"), ".1f"),
+                    "activations ×": x_cell(ratio_of(r.get("activation_mib"), first.get("activation_mib"))),
+                    "peak per process (GiB)": ("host " + fmt(r.get("peak_host_rss_gib"), ".2f"))
+                    if on_cpu
+                    else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                    "images/s": ips_cell(r),
+                    "images/s ×": x_cell(ratio_of(r.get("images_per_s"), first.get("images_per_s"))),
+                    **peak_cells(r, env or {}),
+                    "status": status_cell(r),
+                }
+            )
+        text += (
+            f"## Memory: {name}\n\nActivations: the memory of the tensors autograd kept for backward in one "
+            "training step, per process (measured with saved_tensors_hooks on the first step); params per process: "
+            "what one process holds (FSDP shards them); × the first row's.\n\n"
+            + pd.DataFrame(table).to_markdown(index=False)
+            + "\n\n"
+        )
+    return text
+
+
+def _loader_table(summary: pd.DataFrame, env: dict | None = None) -> str:
+    """One row per input-pipeline configuration: pipeline, workers / threads, loader-only or end to end, data-wait."""
+    rows = []
+    for r in summary.to_dict("records"):
+        loader_only = str(r.get("loader_only")).lower() == "true"
+        on_cpu = r.get("device") == "cpu"
+        rows.append(
+            {
+                "configuration": r["config"],
+                "script": r["script"],
+                "pipeline": r.get("loader") or "–",
+                "workers / threads": fmt(r.get("workers"), ".0f"),
+                "measures": "loader only" if loader_only else f"end to end ({r.get('model') or '–'})",
+                "data": r.get("dataset") or "–",
+                "crop (px)": fmt(r.get("image_size"), ".0f"),
+                "device": r.get("device") or "–",
+                "batch": fmt(r.get("global_batch"), ".0f"),
+                "precision": "–" if loader_only else r.get("precision") or "–",
+                "images/s": ips_cell(r),
+                "speed-up": x_cell(r.get("speedup")),
+                "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
+                "data-wait": wait_cell(r),
+                "limited by": r.get("limited_by") or "–",
+                "of its ceiling": fmt(r.get("of_ceiling"), ".0%"),
+                **peak_cells(r, env or {}),
+                "peak alloc (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                "host RSS (GiB)": fmt(r.get("peak_host_rss_gib"), ".2f"),
+                "test acc": acc_cell(r),
+                "status": status_cell(r),
+            }
+        )
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def _ablation_table(summary: pd.DataFrame) -> str:
+    """One row per ablation: the configuration left out of, images/s, over the whole, what the change buys."""
+    rows = [
+        {
+            "configuration": r["config"],
+            "one change left out of": cell_text(r.get("ablation_of")),
+            "images/s": ips_cell(r),
+            "× the whole": x_cell(r.get("of_whole")),
+            "the change buys": x_cell(1 / r["of_whole"]) if pd.notna(r.get("of_whole")) and r["of_whole"] else "–",
+            "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
+            "data-wait": wait_cell(r),
+            "test acc": acc_cell(r),
+            "status": status_cell(r),
+        }
+        for r in summary.to_dict("records")
+    ]
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def _training_table(summary: pd.DataFrame, env: dict) -> str:
+    """One row per training configuration; `env` gives the measured matmul peaks (of-peak column)."""
+    rows = []
+    for r in summary.to_dict("records"):
+        on_cpu = r.get("device") == "cpu"
+        rows.append(
+            {
+                "configuration": r["config"],
+                "script": r["script"],
+                "model": r.get("model") or "–",
+                "data": r.get("dataset") or "–",
+                "device": r.get("device") or "–",
+                "world size": fmt(r.get("world_size"), ".0f"),
+                "GPUs": fmt(r.get("gpus"), ".0f"),
+                "global batch": fmt(r.get("global_batch"), ".0f"),
+                "precision": r.get("precision") or "–",
+                "images/s": ips_cell(r),
+                "speed-up": x_cell(r.get("speedup")),
+                "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
+                "data-wait": wait_cell(r),
+                "limited by": r.get("limited_by") or "–",
+                "peak alloc (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
+                "peak reserved (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_reserved_gib"), ".2f"),
+                "host RSS (GiB)": fmt(r.get("peak_host_rss_gib"), ".2f"),
+                "activations (MiB)": fmt(r.get("activation_mib"), ".1f"),
+                "GFLOPs/image": fmt(r.get("flops_per_image"), ".3g", 1e-9),
+                **peak_cells(r, env),
+                "test acc": acc_cell(r),
+                "first step (s)": fmt(r.get("first_step_s"), ".1f"),
+                "time to target (s)": fmt(r.get("time_to_target_s"), ".1f"),
+                "incl. compile (s)": fmt(r.get("time_to_target_incl_compile_s"), ".1f"),
+                "status": status_cell(r),
+            }
+        )
+    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def peak_table(out: Path) -> str:
+    """peak.md for a result folder measured before the runs counted their FLOPs (or on a GPU this machine does not
+    have): every ok row's GFLOPs per image (from its metrics, else counted here with `count_flops_per_image` from
+    its model and input shape), its TFLOP/s (that x its images/s) and the share of the datasheet's dense peak of its
+    GPU in its dtype (DATASHEET_PEAKS) and of the measured matmul peak when env.json has one. Raises OSError /
+    ValueError when OUT has no runs.csv or env.json."""
+    runs, env = pd.read_csv(out / "runs.csv", dtype={"config": str}), json.loads((out / "env.json").read_text())
+    counted, rows = {}, []
+    for r in runs[runs.status == "ok"].to_dict("records"):
+        record = json.loads((out / "metrics" / Path(str(r["log"])).with_suffix(".json").name).read_text())
+        resolved = record.get("args") or {}
+        argv = str(r.get("command", "")).split()  # older metrics have no resolved args: the command line has them
+        for flag in ("--model", "--image-size"):
+            if flag in argv[:-1] and not resolved.get(flag[2:].replace("-", "_")):
+                resolved[flag[2:].replace("-", "_")] = argv[argv.index(flag) + 1]
+        model = record.get("model") or resolved.get("model")
+        if not model or model not in ("mlp", "cnn", "resnet18", "resnet50", "vit"):
+            continue  # a loader-only row trains no model
+        fashion_mnist = record.get("dataset") == "fashion-mnist" and not str(record.get("script")).startswith("loader")
+        channels = 1 if fashion_mnist else 3  # common.input_shape; the loaders read RGB JPEGs
+        size = 28 if fashion_mnist else int(record.get("image_size") or resolved.get("image_size") or 224)
+        flops, where = record.get("flops_per_image"), "in the run"
+        if not flops:
+            key = (model, channels, size)
+            counted.setdefault(key, count_flops_per_image(*key))
+            flops, where = counted[key], "counted here"
+        achieved = flops * r["images_per_s"] / 1e12
+        rows.append(
+            {
+                "configuration": r["config"],
+                "model": model,
+                "input": f"{channels}x{size}x{size}",
+                "precision": r.get("precision") or "–",
+                "images/s": fmt(r["images_per_s"], ",.1f"),
+                "GFLOPs/image": f"{flops / 1e9:.3g} ({where})",
+                "TFLOP/s": fmt(achieved, ".3g"),
+                "of peak": fmt(of_peak(achieved, r.get("precision"), env, model, r.get("gpus") or 0), ".1%"),
+                "of datasheet": fmt(of_datasheet(achieved, r.get("precision"), env, model, r.get("gpus") or 0), ".1%"),
+            }
+        )
+    sheet = datasheet(env)
+    return (
+        f"# Where the rows stand against the peak\n\n{hardware_line(env)}\n\n"
+        "Written by `python bench/bench.py --peak-table OUT` from this folder's runs.csv, metrics/ and env.json: "
+        "GFLOPs/image are training FLOPs (forward + backward) counted with torch.utils.flop_counter, in the run or, "
+        "for a run made before the runs counted them, here on the CPU from the model and its input shape (the count "
+        "does not depend on the device or dtype); TFLOP/s = that x images/s; of peak: over this machine's measured "
+        f"matmul peak in the run's dtype ({peak_line(env)}); of datasheet: over "
+        + (f"the GPU's dense peak in that dtype ({sheet[1]})" if sheet else "a datasheet (none known for this device)")
+        + ". A dtype: amp float16 / bfloat16 rows against the 16-bit tensor-core peak; fp32 rows with TF32 "
+        "convolutions against TF32 (the MLP and ViT, whose matmuls stay float32, against FP32).\n\n"
+        + pd.DataFrame(rows).to_markdown(index=False)
+        + "\n"
+    )

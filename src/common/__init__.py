@@ -1,0 +1,98 @@
+"""What every training script shares, and nothing that belongs to one technique: a package of one-job modules.
+
+The scripts (`train.py`, `train_*.py`, `loader*.py`) keep their training loop in the file, so that a diff shows a
+technique in context; they use what is here as `common.X`, and this file re-exports exactly those names. No function
+here asks which technique calls it. Importing the package changes nothing global: `parse_args()`, which only the
+scripts call, installs the excepthook that turns the failures a user causes into one line on stderr.
+
+The map: each module, what it owns, and [what it imports from the package]. No module imports a script; no circle.
+
+    errors      die (one line on stderr, an exit code), first_line of a library's message           []
+    io          atomic_write / atomic_write_text, WriteFailed, output_problem (a probe write)       [errors]
+    env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit   []
+    device      get_device, precision_label (what an fp32 model really computes in)                 [errors]
+    seeding     seed_everything (and --deterministic), seed_worker (DataLoader workers)             []
+    data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), synthetic_data,
+                input_shape                                                                         [env, errors]
+    images      the loaders' ImageFolder: image_folders, load_rgb, find_non_image                   [errors]
+    models      build_model (cnn, mlp, resnet18, resnet50, vit), MODELS, vit_patch_size             []
+    evaluation  evaluate: test loss and accuracy                                                    []
+    meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
+                gather_summary (over ranks)                                                         []
+    runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
+    metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [env, errors, io,
+                                                                                                     meter, runstate]
+    checkpoint  save_checkpoint, load_checkpoint (and its refusals), exit_if_finished               [errors, io,
+                                                                                                     runstate]
+    preemption  Preemption: SIGTERM stops every rank at one step boundary                           [runstate]
+    cli         the shared flags (get_parser, get_image_folder_parser), parse_args, the one-line    [data, env, errors,
+                error hook                                                                           images, io, models]
+
+The bench and the tests reach the rest through the module that owns it, e.g. `common.io.atomic_write_text` or
+`common.data.find_fashion_mnist`.
+"""
+
+from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
+    checkpoint,
+    cli,
+    data,
+    device,
+    env,
+    errors,
+    evaluation,
+    images,
+    io,
+    meter,
+    metrics,
+    models,
+    preemption,
+    runstate,
+    seeding,
+)
+from .checkpoint import exit_if_finished, load_checkpoint, save_checkpoint
+from .cli import get_image_folder_parser, get_parser, non_negative_int, parse_args, positive_int
+from .data import input_shape, load_data, synthetic_data
+from .device import get_device, precision_label
+from .errors import die
+from .evaluation import evaluate
+from .images import IMAGENET_MEAN, IMAGENET_STD, BadImage, find_non_image, image_folders, load_rgb
+from .io import output_problem
+from .meter import Meter, gather_summary
+from .metrics import epoch_line, epoch_record, report
+from .models import build_model
+from .preemption import Preemption
+from .seeding import seed_everything, seed_worker
+
+__all__ = [
+    "BadImage",
+    "IMAGENET_MEAN",
+    "IMAGENET_STD",
+    "Meter",
+    "Preemption",
+    "build_model",
+    "die",
+    "epoch_line",
+    "epoch_record",
+    "evaluate",
+    "exit_if_finished",
+    "find_non_image",
+    "gather_summary",
+    "get_device",
+    "get_image_folder_parser",
+    "get_parser",
+    "image_folders",
+    "input_shape",
+    "load_checkpoint",
+    "load_data",
+    "load_rgb",
+    "non_negative_int",
+    "output_problem",
+    "parse_args",
+    "positive_int",
+    "precision_label",
+    "report",
+    "save_checkpoint",
+    "seed_everything",
+    "seed_worker",
+    "synthetic_data",
+]

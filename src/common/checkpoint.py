@@ -1,0 +1,196 @@
+"""Checkpoints: what a resume must share with the run that saved it, saved atomically, refused in one line."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from .errors import die, first_line
+from .io import WriteFailed, atomic_write
+from .runstate import RUN
+
+# 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders; 3: + subset, seed,
+# accumulation steps in made_by
+CHECKPOINT_FORMAT = 3
+# What a checkpoint must share with the run that resumes it: what fixes the model, the optimizer, and which samples an
+# epoch's steps take in which order (a mid-epoch resume skips the done steps' samples, so --subset, --seed and
+# --accum-steps must not change); anything else (epochs, max steps, lr, workers...) may change.
+CHECKPOINT_MATCH = {
+    "script": "script",
+    "model": "model",
+    "dataset": "dataset",
+    "image_size": "image size",
+    "subset": "subset",
+    "seed": "seed",
+    "world_size": "world size",
+    "batch_size": "batch per process",
+    "accum_steps": "accumulation steps",
+    "optimizer": "optimizer",
+    "state": "extra state",
+}
+
+
+def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer | None, **holders) -> dict:
+    """What a checkpoint of this run says made it (`made_by`), keyed like CHECKPOINT_MATCH: the script's file name,
+    --model, --dataset (a loader's --data-dir folder name), --image-size, --subset, --seed, the world size
+    (torch.distributed's, else 1), --batch-size (per process), --accum-steps (None where the script has no such flag),
+    the optimizer's class, and `state`: the names of the `holders` (GradScaler...) whose state_dict is not empty (a
+    disabled GradScaler has none). Plus the torch version, for the record."""
+    dataset = getattr(args, "dataset", None) or Path(getattr(args, "data_dir", "")).resolve().name
+    return {
+        "script": Path(sys.argv[0]).name,
+        "model": args.model,
+        "dataset": dataset,
+        "image_size": getattr(args, "image_size", None),
+        "subset": getattr(args, "subset", None),
+        "seed": args.seed,
+        "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+        "batch_size": args.batch_size,
+        "accum_steps": getattr(args, "accum_steps", None),
+        "optimizer": type(optimizer).__name__ if optimizer is not None else None,
+        "state": sorted(name for name, holder in holders.items() if holder.state_dict()),
+        "torch": str(torch.__version__),
+    }
+
+
+def _alive(pid: int) -> bool:
+    """Whether process `pid` exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def _shown(value) -> str:
+    """A made_by value in a message: lists joined by commas, empty ones and None as "none"."""
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "none"
+    return "none" if value is None else str(value)
+
+
+def save_checkpoint(
+    path: Path, args: argparse.Namespace, model: nn.Module | dict, optimizer: torch.optim.Optimizer | None, epoch: int,
+    step: int, **extra,
+) -> bool:  # fmt: skip
+    """Save model and optimizer state, the number of finished `epoch`s, the global `step` and `extra` to `path`.
+
+    `model` is a module or its state dict (FSDP gathers a full one); `optimizer` None leaves the optimizer's state out
+    (FSDP keeps it in its sharded checkpoint).
+
+    `extra` holds state holders (objects with a state_dict, e.g. scaler=GradScaler: their state_dict is saved) and
+    plain values (sampler_epoch=3). The file also holds its format version (CHECKPOINT_FORMAT) and what made it
+    (`checkpoint_origin(args, ...)`), which `load_checkpoint` checks. Written atomically: a temporary file, then a
+    rename (`atomic_write`), so a kill during the write leaves the previous checkpoint whole (tests/test_faults.py
+    kills a writer); temporary files that killed writers left behind are removed. Pass the bare model (`model.module`
+    for DP / DDP).
+
+    A write that fails (disk full, I/O error: `WriteFailed`) removes its temporary file, leaves the previous
+    checkpoint as it was, prints one line on stderr naming the file and the OS error, and returns False: the run goes
+    on, so that its numbers are not lost, and `Preemption.exit` ends it with status 1. Returns True once written.
+    """
+    path = Path(path)
+    holders = {name: value for name, value in extra.items() if hasattr(value, "state_dict")}
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "made_by": checkpoint_origin(args, optimizer, **holders),
+        "model": model if isinstance(model, dict) else model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "epoch": epoch,
+        "step": step,
+        **{name: value.state_dict() if name in holders else value for name, value in extra.items()},
+    }
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+        pid = stale.name.split(".")[-2]
+        if pid.isdigit() and not _alive(int(pid)):  # left by a writer killed mid-write
+            stale.unlink(missing_ok=True)
+    try:
+        atomic_write(path, lambda f: torch.save(state, f))
+    except WriteFailed as error:
+        RUN["failed_writes"].append(str(error))
+        print(
+            f"{Path(sys.argv[0]).name}: error: {error}; the previous checkpoint is left as it was, training goes on "
+            "and the run will exit 1",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    RUN["saved"] = (path, step)
+    return True
+
+
+def load_checkpoint(
+    path: Path,
+    args: argparse.Namespace,
+    model: nn.Module | None,
+    optimizer: torch.optim.Optimizer | None = None,
+    device: torch.device | str = "cpu",
+    **holders,
+) -> dict:
+    """Load a `save_checkpoint` file into `model`, `optimizer` and the state `holders` (scaler=GradScaler...); return
+    the whole dict (epoch, step, plain extras). With `model` None, it only checks the file and returns it (FSDP loads
+    its sharded state itself).
+
+    Checks before loading anything: the format version, then that the file was made by a run like this one (every
+    CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed, world size, batch per
+    process, accumulation steps, optimizer and extra state), so a resume never trains from a partially loaded or
+    silently different state, nor skips other samples than the ones its epoch already trained on. Exits with one
+    line (exit 2) that names the file, what it was saved from and what this run asked for, or why it is unreadable
+    (not a checkpoint, truncated, or a pickle with code in it: loaded with weights_only=True).
+    """
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as error:
+        die(f"--resume: {path} is not a readable checkpoint ({first_line(error)}); use a new --checkpoint-dir")
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        found = state.get("format", "none") if isinstance(state, dict) else "not a checkpoint dict"
+        die(
+            f"--resume: {path} has checkpoint format {found}, this code reads format {CHECKPOINT_FORMAT}; "
+            "use a new --checkpoint-dir"
+        )
+    saved = state.get("made_by") if isinstance(state.get("made_by"), dict) else {}
+    here = checkpoint_origin(args, optimizer, **holders)
+    differ = [
+        f"{label} {_shown(saved.get(key))} there, {_shown(here[key])} here"
+        for key, label in CHECKPOINT_MATCH.items()
+        if saved.get(key) != here[key]
+    ]
+    if differ:
+        die(
+            f"--resume: {path} was saved by another kind of run ({'; '.join(differ)}); resume with the script and "
+            "flags that saved it, or use a new --checkpoint-dir"
+        )
+    try:
+        if model is not None:
+            model.load_state_dict(state["model"])
+        if optimizer is not None:
+            optimizer.load_state_dict(state["optimizer"])
+        for name, holder in holders.items():
+            holder.load_state_dict(state[name])
+    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+        die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
+    RUN["saved"] = (Path(path), state["step"])  # what the file on disk holds, until the next save
+    return state
+
+
+def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool = True) -> None:
+    """After `--resume`: if the checkpoint's global `step` already reaches this run's `total_steps`, the run is
+    finished: the process whose `master` is True says so in one line (under torchrun every rank calls this, and only
+    rank 0 passes True), every process leaves its process group and exits with status 0, so that re-running a
+    finished job, e.g. a requeued one, is harmless. Otherwise it returns. Raises SystemExit(0) when finished."""
+    if step < total_steps:
+        return
+    if master:
+        print(f"{checkpoint} holds a finished run ({step} of {total_steps} steps): nothing left to train", flush=True)
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    raise SystemExit(0)

@@ -1,0 +1,241 @@
+"""The command line: the flags every script shares, the checks made before any work, and the one-line error hook."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from .data import DEBIAN_FASHION_MNIST
+from .env import REPO
+from .errors import die, first_line
+from .images import BadImage
+from .io import WriteFailed, output_problem
+from .models import MODELS, vit_patch_size
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (otherwise one usage error, exit 2)."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a number > 0 (nan refused)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _fraction(text: str) -> float:
+    value = float(text)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], e.g. 0.91 for 91 %, got {text}")
+    return value
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Each default said once: "(default: X)" after a flag's help unless the help already names its default, or
+    there is none to name (None, or off for an on/off flag); the epilog (the script's run lines) kept as written."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if (
+            "default" in text
+            or any(action.default is x for x in (None, False, argparse.SUPPRESS))
+            or not action.option_strings
+        ):
+            return text
+        return text + " (default: %(default)s)"
+
+
+def _new_parser(doc: str | None) -> argparse.ArgumentParser:
+    """A parser whose description is the docstring's first line and whose --help ends with its run lines."""
+    lines = (doc or "").strip().splitlines()
+    run_lines = [line for line in lines if line.startswith("    ")]
+    return argparse.ArgumentParser(
+        description=lines[0] if lines else None,
+        epilog="run lines:\n" + "\n".join(run_lines) if run_lines else None,
+        formatter_class=_HelpFormatter,
+    )
+
+
+def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mnist", "synthetic")):
+    """The flags of the train*.py scripts; a script adds its own with `parser.add_argument` before parsing.
+
+    `doc` is the script's docstring: its first line describes the script in --help, its indented run lines end it.
+    `datasets` are the --dataset choices the script supports. Invalid values (a non-positive batch size, an unknown
+    model, ...) make argparse print one usage error on stderr and exit with status 2.
+    """
+    p = _new_parser(doc)
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help="folder with the four Fashion-MNIST *-ubyte.gz files (default: data/, then "
+        f"{DEBIAN_FASHION_MNIST}, then torchvision's download into data/); with --dataset imagefolder (train_fast.py), "
+        "the ImageFolder root",
+    )
+    p.add_argument(
+        "--dataset",
+        choices=list(datasets),
+        default="fashion-mnist",
+        help="synthetic: one random batch already on the device, to measure the compute ceiling",
+    )
+    p.add_argument(
+        "--image-size",
+        type=positive_int,
+        default=None,
+        help="side in pixels of synthetic images, 3 x S x S (default 224), or of the crops of --dataset imagefolder; "
+        "Fashion-MNIST is always 1 x 28 x 28",
+    )
+    p.add_argument(
+        "--subset",
+        type=positive_int,
+        default=None,
+        help="train on the first N training images only (synthetic: N images per epoch, default 10240)",
+    )
+    _training_flags(p)
+    p.add_argument(
+        "--clip-grad-norm", type=positive_float, default=None, help="clip the gradients' global L2 norm to this"
+    )
+    return p
+
+
+def get_image_folder_parser(doc: str | None = None) -> argparse.ArgumentParser:
+    """The flags of the loader*.py scripts, which read an ImageFolder of image files (train/ and val/ inside).
+
+    The training flags of `get_parser` (not --dataset, --subset or --clip-grad-norm), with `--data-dir` the ImageFolder root, `--image-size` the crop side,
+    `--loader-only` to time the input pipeline alone, and `--amp-dtype` / `--channels-last` so that the end-to-end
+    rows can run the model at the compute rate of train_amp.py / train_channels_last.py. Bad values exit 2.
+    """
+    p = _new_parser(doc)
+    p.add_argument(
+        "--data-dir",
+        type=Path,
+        default=REPO / "data" / "fashion-mnist-jpeg",
+        help="an ImageFolder root with train/<class>/*.jpg and val/<class>/*.jpg (python bench/prepare_data.py "
+        "writes data/fashion-mnist-jpeg and data/imagenet-synthetic)",
+    )
+    p.add_argument("--image-size", type=positive_int, default=32, help="side in pixels of the square crops")
+    p.add_argument("--loader-only", action="store_true", help="iterate the input pipeline without the model")
+    p.add_argument(
+        "--amp-dtype",
+        choices=["float16", "bfloat16"],
+        default=None,
+        help="autocast the model in this dtype, as train_amp.py does (GradScaler for float16); default: float32",
+    )
+    p.add_argument("--channels-last", action="store_true", help="NHWC memory format for model and images")
+    _training_flags(p)
+    return p
+
+
+def _training_flags(p: argparse.ArgumentParser) -> None:
+    """The flags every script shares: model, schedule, batch, workers, seed, device, metrics and checkpoints."""
+    p.add_argument("--model", choices=MODELS, default="cnn", help="what to train (see common.build_model)")
+    p.add_argument("--epochs", type=positive_int, default=2, help="passes over the training set")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many optimizer steps")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="images per process per step")
+    p.add_argument("--lr", type=positive_float, default=5e-3, help="peak learning rate of the one-cycle schedule")
+    p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader worker processes")
+    p.add_argument("--seed", type=int, default=0, help="seed of every random number generator")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="bitwise-reproducible runs for a seed: deterministic algorithms only, no cuDNN autotuning (slower)",
+    )
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when available")
+    p.add_argument(
+        "--warmup-steps",
+        type=non_negative_int,
+        default=10,
+        help="steps left out of the images/s window (compilation, cuDNN autotuning, worker start)",
+    )
+    p.add_argument(
+        "--target-acc",
+        type=_fraction,
+        default=None,
+        help="report the training seconds until the test accuracy first reaches this fraction",
+    )
+    p.add_argument("--metrics-out", type=Path, default=None, help="write the run's metrics JSON here")
+    p.add_argument("--log-every", type=positive_int, default=50, help="print a progress line every N steps")
+    p.add_argument("--checkpoint-dir", type=Path, default=None, help="save last.pt here at the end of every epoch")
+    p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
+
+
+def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """Parse the command line, check the flags that only make sense together (argparse: usage and exit 2) and the
+    outputs (`output_problem`: one line, exit 2), all before any work, and install the one-line error hook
+    (`install_error_hook`). A --checkpoint-dir that already holds last.pt needs --resume: a new run would overwrite
+    the earlier one's checkpoint."""
+    install_error_hook()
+    args = parser.parse_args()
+    if args.resume and args.checkpoint_dir is None:
+        parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
+    if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):
+        parser.error("--image-size applies to --dataset synthetic; Fashion-MNIST images are 28 x 28")
+    if args.model == "vit":
+        side = 28 if getattr(args, "dataset", None) == "fashion-mnist" else (args.image_size or 224)
+        if side % vit_patch_size(side):
+            parser.error(
+                f"--model vit cuts images into {vit_patch_size(side)} px patches: --image-size {side} is not a multiple"
+            )
+    # Check the outputs now rather than after hours of training, when a failed write would lose the results.
+    for flag, path, is_folder in (
+        ("--metrics-out", args.metrics_out, False),
+        ("--checkpoint-dir", args.checkpoint_dir, True),
+    ):
+        problem = output_problem(path, is_folder) if path is not None else None
+        if problem:
+            die(f"{flag} {path} {problem}")
+    if args.checkpoint_dir is not None and not args.resume and (args.checkpoint_dir / "last.pt").exists():
+        die(
+            f"--checkpoint-dir {args.checkpoint_dir} already holds last.pt from an earlier run: add --resume to "
+            "continue it, or pick another folder (this run would overwrite it)"
+        )
+    return args
+
+
+def _is_out_of_memory(kind, value) -> bool:
+    """MemoryError, torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError "can't allocate memory"."""
+    return issubclass(kind, (MemoryError, torch.OutOfMemoryError)) or (
+        issubclass(kind, RuntimeError) and ("can't allocate memory" in str(value) or "out of memory" in str(value))
+    )
+
+
+def _report_user_errors(kind, value, traceback) -> None:
+    """sys.excepthook: one line on stderr, no traceback, for what the user can fix or caused.
+
+    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. A file that cannot be written
+    (WriteFailed: "cannot write PATH (No space left on device)"): exit 1. Out of memory: exit 3, with the first
+    line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
+    Anything else is a bug and keeps its traceback.
+    """
+    if issubclass(kind, BadImage):
+        # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
+        die(str(value).strip().splitlines()[-1].removeprefix(f"{BadImage.__module__}.BadImage: "))
+    if issubclass(kind, WriteFailed):
+        die(str(value), code=1)
+    if _is_out_of_memory(kind, value):
+        die(f"out of memory ({first_line(value)}); lower --batch-size (or --image-size, --workers)", code=3)
+    if issubclass(kind, KeyboardInterrupt):
+        die("interrupted (Ctrl-C); with --checkpoint-dir, add --resume to continue from the last checkpoint", code=130)
+    sys.__excepthook__(kind, value, traceback)
+
+
+def install_error_hook() -> None:
+    """Make `_report_user_errors` the process's sys.excepthook (the scripts do it through `parse_args`)."""
+    sys.excepthook = _report_user_errors

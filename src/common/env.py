@@ -1,0 +1,101 @@
+"""Provenance: the versions, the hardware (CPU model and its bf16 instruction sets, GPUs) and the git commit."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import socket
+import subprocess
+from pathlib import Path
+
+import torch
+
+REPO = Path(__file__).resolve().parents[2]  # the repository: src/common/env.py -> ../..
+
+
+def _version(package: str) -> str | None:
+    try:
+        return importlib.metadata.version(package)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _run(argv: list[str]) -> str | None:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=10, check=True).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def cpu_info() -> dict:
+    """The CPU model (from /proc/cpuinfo, else `platform.processor()`) and which of the instruction sets that decide
+    low-precision speed it has: avx2, avx512f, avx512_bf16 (bf16 dot products), amx_tile / amx_bf16 (Intel AMX).
+    `bf16_instructions` is True when either bf16 set is there: bfloat16 autocast then runs natively on the CPU,
+    otherwise it is emulated and slower than float32."""
+    model, flags = None, set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name" and model is None:
+                model = value.strip()
+            elif key.strip() == "flags" and not flags:
+                flags = set(value.split())
+    except OSError:
+        pass
+    wanted = ["avx2", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16"]
+    return {
+        "cpu_model": model or platform.processor() or platform.machine(),
+        "cpu_flags": [f for f in wanted if f in flags],
+        "bf16_instructions": bool({"avx512_bf16", "amx_bf16"} & flags),
+    }
+
+
+def gpu_info() -> list[dict]:
+    """Per GPU as nvidia-smi reports it: name, driver, memory, current and maximum SM clock (MHz); [] without one."""
+    out = _run(
+        [
+            "nvidia-smi",
+            "--query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm",
+            "--format=csv,noheader,nounits",
+        ]
+    )
+    keys = ["name", "driver", "memory_mib", "sm_clock_mhz", "max_sm_clock_mhz"]
+    return [dict(zip(keys, (v.strip() for v in line.split(",")), strict=False)) for line in (out or "").splitlines()]
+
+
+def git_state() -> dict:
+    """The commit of the checkout and whether tracked files differ from it. `SPEEDUPS_COMMIT`, when set, wins: a
+    tree copied to another machine may carry no .git, or a stale one (dirty then says None: not checked)."""
+    if os.environ.get("SPEEDUPS_COMMIT"):
+        return {"commit": os.environ["SPEEDUPS_COMMIT"], "dirty": None}
+    commit = _run(["git", "-C", str(REPO), "rev-parse", "HEAD"])
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    dirty = _run(["git", "-C", str(REPO), "status", "--porcelain", "--untracked-files=no"])
+    return {"commit": commit, "dirty": bool(dirty)}
+
+
+def environment() -> dict:
+    """Versions and hardware: python, torch, torchvision, DALI, CUDA, cuDNN, GPU names, driver and clocks, CPU model
+    and its bf16-relevant instruction sets, core count, hostname, and the git commit."""
+    cuda = torch.cuda.is_available()
+    return {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torchvision": _version("torchvision"),
+        "dali": _version("nvidia-dali-cuda120") or _version("nvidia-dali-cuda130"),
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if cuda else None,
+        "gpu_count": torch.cuda.device_count() if cuda else 0,
+        "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if cuda else [],
+        "gpu_info": gpu_info() if cuda else [],
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "deterministic_algorithms": torch.are_deterministic_algorithms_enabled(),
+        "cpu": platform.processor() or platform.machine(),
+        **cpu_info(),
+        "hostname": socket.gethostname(),
+        "git": git_state(),
+    }

@@ -1,0 +1,255 @@
+"""The meter: images/s, step time, data-wait, activation memory, FLOPs per image and peak memory of a training run."""
+
+from __future__ import annotations
+
+import resource
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
+from torch.utils.flop_counter import FlopCounterMode
+
+GIB = 1024**3
+
+
+class Meter:
+    """Times training steps on the host, with device synchronisation only at the edges of the measured window.
+
+    `device` is the device the steps run on, or a list of them (model parallelism): every one is synchronised.
+    Use: `for batch in meter.loader(train_loader): ...; meter.step(n_images)`; `meter.pause()` before evaluation and
+    `meter.resume()` after it (both synchronise), `meter.summary()` at the end.
+    - images/s: images of the steps after the first `warmup_steps`, divided by the seconds of the window(s) they
+      ran in. Each window starts and ends with `torch.cuda.synchronize()`, so queued GPU work is counted in full.
+      Multiply by the world size (or sum over ranks, `gather_summary`) for a global figure. A run with no step after
+      the warm-up has no window: images/s is None and `images_per_s_note` says why ("not measured", never 0).
+    - step time p50/p90 (ms): host time between consecutive `step()` calls inside the window. Between the edges
+      nothing synchronises, so on a GPU this is the rate at which the host can queue steps (equal to the GPU's rate
+      once its queue is full); on CPU it is the step time itself.
+    - data-wait fraction: seconds blocked in `next(loader)` inside the window / window seconds (every `next()`
+      between two steps counts, so K micro-batches per step are all counted).
+    - first step (s): host seconds from the start of training to the end of the first step: where torch.compile
+      compiles, cuDNN autotunes and DataLoader workers start.
+    - activation memory (MiB): what autograd keeps for backward, measured, not estimated, on the first batch the
+      loader yields (one micro-batch under gradient accumulation): from that batch's arrival to the next `next()`,
+      `step()` or `pause()`, a `torch.autograd.graph.saved_tensors_hooks` pack hook records the storage of every
+      tensor saved for backward, except parameters and views of them (leaves that require grad, e.g. the `weight.t()`
+      nn.Linear saves; autocast's low-precision copies of them do count), and the distinct storages' bytes are
+      summed. All of them are alive together at the end of the
+      forward. Under activation checkpointing, torch.utils.checkpoint saves a block's inputs here and the tensors of
+      its recompute under its own inner hooks, which are not counted: they live only during that block's backward.
+    - training FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` from the arrival of the second step's
+      batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions
+      and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and the optimizer are not
+      counted; an activation-checkpointing recompute is: hardware FLOPs, not the model's). DataParallel's
+      replicas run their forward in threads the counter does not see (train_DP.py reports none on 2+ GPUs). The second step, not the first: a compiled model compiles
+      at its first call, and under the counter it would run eagerly and compile a step later. That step runs slower
+      (Python sees every op): it is a warm-up step unless --warmup-steps is below 2.
+    """
+
+    def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10):
+        self.devices = list(device) if isinstance(device, (list, tuple)) else [device]  # all are synchronised
+        self.device, self.warmup_steps = self.devices[0], warmup_steps
+        self.steps = 0  # all steps, warm-up included
+        self.images = 0  # images inside the window(s)
+        self.windows = 0  # windows opened: more than one means epoch edges (or evaluations) fall between them
+        self.excluded_steps = 0  # steps after the warm-up kept out of the window: step(..., measured=False)
+        self.window_s = self.wait_s = 0.0
+        self.step_s: list[float] = []
+        self.first_step_s = None
+        self._t_start = self._t_last = None  # start of the open window, end of the previous step
+        self._wait = 0.0
+        self.train_s = 0.0  # all training seconds between resume() and pause(), warm-up included
+        self._t_train = None
+        self._progress = (time.perf_counter(), 0, 0)  # (time, steps, images) at the last progress() call
+        self._all_images = 0
+        self.activation_bytes = None  # measured on the first batch
+        self._saved_hooks, self._storages = None, {}
+        self.flops_per_image = None  # counted on the second step
+        self._flop_counter = None
+        for d in self.devices:
+            if d.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(d)
+
+    def _sync(self) -> float:
+        for d in self.devices:
+            if d.type == "cuda":
+                torch.cuda.synchronize(d)
+        return time.perf_counter()
+
+    def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
+        """The pack hook: record the storage of a tensor saved for backward, unless it is a parameter or a view of
+        one (nn.Linear saves `weight.t()`), and keep the tensor."""
+        base = tensor._base if tensor._base is not None else tensor
+        if not (tensor.is_leaf and tensor.requires_grad) and not (base.is_leaf and base.requires_grad):
+            try:
+                storage = tensor.untyped_storage()
+            except (RuntimeError, NotImplementedError):  # a sparse tensor or a subclass without one storage
+                return tensor
+            self._storages[(storage.data_ptr(), str(tensor.device))] = storage.nbytes()
+        return tensor
+
+    def _stop_counting(self) -> None:
+        if self._saved_hooks is not None:
+            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks = None
+            self.activation_bytes = sum(self._storages.values())
+
+    def loader(self, iterable):
+        """Yield from `iterable`, timing how long each `next()` blocks (the data-wait); while the consumer works on
+        the first batch, count the tensors autograd saves for backward (the activation memory)."""
+        iterator = iter(iterable)
+        while True:
+            self._stop_counting()
+            t0 = time.perf_counter()
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return
+            self._wait += time.perf_counter() - t0
+            if self.activation_bytes is None and self._saved_hooks is None:
+                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+                self._saved_hooks.__enter__()
+            if self.steps == 1 and self.flops_per_image is None and self._flop_counter is None:
+                self._flop_counter = FlopCounterMode(display=False)  # until step(): every micro-batch of the step
+                self._flop_counter.__enter__()
+            yield batch
+
+    def step(self, n_images: int, measured: bool = True) -> None:
+        """Record the end of one optimizer step over `n_images` images (per process). `measured=False` keeps a step
+        after the warm-up out of images/s, step times and data-wait (train_compile.py: a step in which torch.compile
+        recompiled): the window closes at the previous step's end and a new one opens at this step's end. On a GPU,
+        work the previous steps left queued finishes inside that step and is left out too (at most a few steps'
+        worth against the seconds of a compile); `excluded_steps` in the summary counts such steps."""
+        self._stop_counting()
+        if self._flop_counter is not None:
+            self._flop_counter.__exit__(None, None, None)
+            flops, self._flop_counter = self._flop_counter.get_total_flops(), None
+            self.flops_per_image = flops / n_images if flops else 0.0
+        self.steps += 1
+        self._all_images += n_images
+        if self.first_step_s is None and self._t_train is not None:
+            self.first_step_s = self.train_s + time.perf_counter() - self._t_train
+        wait, self._wait = self._wait, 0.0
+        if self._t_start is None:
+            if self.steps >= self.warmup_steps:
+                self.resume()  # the window opens after the last warm-up step
+            return
+        if not measured:  # close the window at the previous step's end, open the next one now
+            self.window_s += self._t_last - self._t_start
+            self._t_start = self._t_last = self._sync()
+            self.windows += 1
+            self.excluded_steps += 1
+            return
+        now = time.perf_counter()
+        self.step_s.append(now - self._t_last)
+        self.images += n_images
+        self.wait_s += wait
+        self._t_last = now
+
+    def progress(self) -> str:
+        """ "X images/s, Y ms/step" since the previous call (host clock; call it right after a synchronising
+        `loss.item()`, so the GPU's queued work is counted)."""
+        now = time.perf_counter()
+        t, steps, images = self._progress
+        self._progress = (now, self.steps, self._all_images)
+        if self.steps == steps or now == t:
+            return "no step since the last line"
+        return f"{(self._all_images - images) / (now - t):.0f} images/s, {1e3 * (now - t) / (self.steps - steps):.1f} ms/step"
+
+    def pause(self) -> None:
+        """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
+        self._stop_counting()
+        if self._flop_counter is not None:  # the loop left before the counted step's end (SIGTERM): nothing counted
+            self._flop_counter.__exit__(None, None, None)
+            self._flop_counter = None
+        now = self._sync()
+        if self._t_start is not None:
+            self.window_s += now - self._t_start
+            self._t_start = None
+        if self._t_train is not None:
+            self.train_s += now - self._t_train
+            self._t_train = None
+
+    def resume(self) -> None:
+        """Start the training clock and, once the warm-up steps are done, open a window (synchronising the device)."""
+        if self._t_train is None:
+            self._t_train = self._sync()
+            self._progress = (self._t_train, self.steps, self._all_images)
+        if self.steps >= self.warmup_steps and self._t_start is None:
+            self._t_start = self._t_last = self._sync()
+            self._wait = 0.0
+            self.windows += 1
+
+    def summary(self) -> dict:
+        """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, data_wait_frac,
+        measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB; None when no batch was trained),
+        flops_per_image (None when the run had one step, or no model) and peak memory (GiB, `memory_stats`)."""
+        self.pause()
+        measured = len(self.step_s)
+        quantiles = statistics.quantiles(self.step_s, n=10, method="inclusive") if measured >= 2 else [None] * 9
+        note = None
+        if not measured:
+            note = (
+                f"not measured: the run's {self.steps} steps are all within --warmup-steps {self.warmup_steps}; "
+                "run more steps or lower --warmup-steps"
+            )
+        return {
+            "images_per_s": self.images / self.window_s if measured else None,
+            "images_per_s_note": note,
+            "step_ms_p50": 1e3 * statistics.median(self.step_s) if measured else None,
+            "step_ms_p90": 1e3 * quantiles[8] if measured >= 2 else None,
+            "data_wait_frac": self.wait_s / self.window_s if measured else None,
+            "measured_steps": measured,
+            "measured_s": self.window_s,
+            "windows": self.windows,
+            "excluded_steps": self.excluded_steps,
+            "first_step_s": self.first_step_s,
+            "train_s": self.train_s,
+            "activation_mib": self.activation_bytes / 2**20 if self.activation_bytes is not None else None,
+            "flops_per_image": self.flops_per_image or None,
+            **memory_stats(),
+        }
+
+
+def memory_stats() -> dict:
+    """Peak memory so far: per CUDA device allocated / reserved (GiB, since the last reset) and host RSS (GiB).
+
+    Host RSS is `getrusage(RUSAGE_SELF).ru_maxrss` (KiB on Linux): this process only, not DataLoader workers.
+    """
+    devices = [
+        {
+            "index": i,
+            "name": torch.cuda.get_device_name(i),
+            "peak_allocated_gib": torch.cuda.max_memory_allocated(i) / GIB,
+            "peak_reserved_gib": torch.cuda.max_memory_reserved(i) / GIB,
+        }
+        for i in range(torch.cuda.device_count())
+        if torch.cuda.is_initialized()
+    ]
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return {
+        "peak_mem_allocated_gib": max((d["peak_allocated_gib"] for d in devices), default=None),
+        "peak_mem_reserved_gib": max((d["peak_reserved_gib"] for d in devices), default=None),
+        "peak_mem_per_device": devices,
+        "peak_host_rss_gib": rss_kib * 1024 / GIB,
+    }
+
+
+def gather_summary(summary: dict) -> dict:
+    """A `Meter.summary()` made global over the ranks of the default process group (every rank must call it):
+    images/s summed (each rank measured its own share), peak memory the maximum over ranks, `peak_mem_per_device`
+    every rank's devices (with their rank), data-wait, step times, activation_mib and flops_per_image those of this
+    rank (every rank trains the same model on as many images a step)."""
+    per_rank = [None] * dist.get_world_size()
+    dist.all_gather_object(per_rank, summary)
+    merged = dict(summary)
+    rates = [r["images_per_s"] for r in per_rank]
+    merged["images_per_s"] = sum(rates) if None not in rates else None
+    merged["images_per_s_per_rank"] = rates
+    for key in ["peak_mem_allocated_gib", "peak_mem_reserved_gib", "peak_host_rss_gib"]:
+        merged[key] = max((r[key] for r in per_rank if r[key] is not None), default=None)
+    merged["peak_mem_per_device"] = [
+        {**d, "rank": i} for i, r in enumerate(per_rank) for d in r["peak_mem_per_device"] if d["peak_reserved_gib"]
+    ]
+    return merged

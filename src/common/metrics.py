@@ -1,0 +1,127 @@
+"""Per-epoch records, the closing line and the metrics JSON with its provenance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from .env import environment
+from .errors import die
+from .io import WriteFailed, atomic_write_text
+from .meter import Meter
+from .runstate import RUN, run_status
+
+
+def epoch_record(epoch: int, step: int, train_loss, val_loss, val_acc, meter: Meter, logits=None, **extra) -> dict:
+    """One entry of the metrics' `epochs` list: 1-based `epoch`, global `step`, mean `train_loss` (a 0-d tensor or a
+    float; None when nothing was trained), test `val_loss` / `val_acc` (fractions), training seconds so far, and
+    the dtype the logits came out in (what the model really computed in). `extra` adds fields (e.g. label counts).
+    Reading a tensor loss synchronises the device, so call it after `meter.pause()`."""
+    return {
+        "epoch": epoch,
+        "step": step,
+        "train_loss": train_loss.item() if torch.is_tensor(train_loss) else train_loss,
+        "val_loss": val_loss,
+        "val_acc": val_acc,
+        "train_s": meter.train_s,
+        "logits_dtype": str(logits.dtype) if logits is not None else None,
+        **extra,
+    }
+
+
+def epoch_line(record: dict) -> str:
+    """The end-of-epoch progress line of an `epoch_record`."""
+    parts = [f"epoch {record['epoch']}:"]
+    if record["train_loss"] is not None:
+        parts.append(f"train loss {record['train_loss']:.4f},")
+    if record.get("images") is not None:
+        parts.append(f"{record['images']} images,")
+    if record["val_acc"] is not None:
+        parts.append(f"test loss {record['val_loss']:.4f}, test acc {100 * record['val_acc']:.2f} %,")
+    return " ".join(parts) + f" {record['train_s']:.1f} s of training"
+
+
+def write_metrics(path: Path | None, **fields) -> dict:
+    """Write `fields` plus `command` and `env` (`environment()`) as JSON to `path`, atomically; nothing if `path` is
+    None. Returns the dict. If the write fails (disk full, the folder removed during the run), the metrics go to
+    `./metrics-<pid>.json` and to stdout, and the script exits 1 with one line saying where: a finished run is never
+    lost."""
+    record = {"command": [sys.executable, *sys.argv], **fields, "env": environment()}
+    if path is None:
+        return record
+    text = json.dumps(record, indent=2, default=str) + "\n"
+    try:
+        atomic_write_text(path, text)
+    except WriteFailed as error:
+        fallback = Path.cwd() / f"metrics-{os.getpid()}.json"
+        try:
+            atomic_write_text(fallback, text)
+            where = f"written to {fallback} instead (and printed above)"
+        except WriteFailed:
+            where = "printed above"
+        print(text, flush=True)
+        die(f"cannot write --metrics-out {path} ({error.reason}); the run's metrics are {where}", code=1)
+    return record
+
+
+def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields) -> dict:
+    """The closing call of every script: print the run's images/s line and write its metrics JSON (--metrics-out).
+
+    `summary` is `Meter.summary()` (made global over ranks where there are several); `epochs` the `epoch_record`s.
+    `script` (the running file's name) and `technique` (its docstring's title: the first line up to the colon, e.g.
+    "Mixed precision (AMP)") are derived here, so a variant passes only what really differs.
+    `fields` are what the script says about itself: precision, device, steps, test_images, and
+    where they differ from one process on one device: world_size (default 1), gpus (devices used; default 1 on
+    CUDA, 0 on CPU), global_batch (default batch x world size), model, dataset; `compile_s` for compiled models;
+    and anything else to record (loader, workers, ...). Derived here: test_acc (the last epoch's), the training
+    seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
+    `time_to_target_incl_compile_s` with it), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
+    training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every flag with its default), and the
+    run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
+    `failed_writes`). The metrics JSON keys are listed in docs/bench.md.
+    """
+    device = torch.device(fields.pop("device"))
+    main = sys.modules["__main__"]
+    fields.setdefault("script", Path(getattr(main, "__file__", None) or sys.argv[0]).name)
+    fields.setdefault("technique", (getattr(main, "__doc__", None) or "").strip().split("\n")[0].split(":")[0])
+    world_size = fields.setdefault("world_size", 1)
+    fields.setdefault("gpus", int(device.type == "cuda"))
+    fields.setdefault("batch_size", args.batch_size)
+    fields.setdefault("global_batch", args.batch_size * world_size)
+    fields.setdefault("model", args.model)
+    fields.setdefault("dataset", getattr(args, "dataset", None))
+    reached = [e for e in epochs if args.target_acc and e["val_acc"] is not None and e["val_acc"] >= args.target_acc]
+    compile_s = fields.get("compile_s") or 0.0
+    if summary["images_per_s"] is None:
+        line = summary["images_per_s_note"]
+    else:
+        wait = summary["data_wait_frac"]
+        line = f"{summary['images_per_s']:.1f} images/s, data-wait {100 * wait:.1f} %"
+    flops = summary.get("flops_per_image")
+    achieved = flops * summary["images_per_s"] / 1e12 if flops and summary["images_per_s"] else None
+    if achieved is not None:
+        line += f", {achieved:.3g} TFLOP/s ({flops / 1e9:.3g} GFLOPs per image)"
+    if summary.get("activation_mib") is not None:
+        line += f", activations saved for backward {summary['activation_mib']:.1f} MiB"
+    print(f"{line}, peak host RSS {summary['peak_host_rss_gib']:.2f} GiB", flush=True)
+    return write_metrics(
+        args.metrics_out,
+        **fields,
+        device=str(device),
+        **summary,
+        achieved_tflops=achieved,
+        epochs=epochs,
+        test_acc=epochs[-1]["val_acc"] if epochs else None,
+        target_acc=args.target_acc,
+        time_to_target_s=reached[0]["train_s"] - compile_s if reached else None,
+        time_to_target_incl_compile_s=reached[0]["train_s"] if reached else None,
+        args={key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        status=run_status(),
+        stopped_at_step=RUN["stopped_at"],
+        failed_writes=RUN["failed_writes"],
+    )
