@@ -128,7 +128,8 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
 
 
 def plot_sweeps(summary: pd.DataFrame, out: Path, title: str) -> None:
-    """sweeps.png: one panel per sweep, images/s against the knob (left axis) and data-wait in % (right axis)."""
+    """sweeps.png: one panel per sweep, images/s against the knob (left axis) and data-wait in % (right axis); for a
+    learning-rate sweep, the test accuracy."""
     sweeps = sweep_groups(summary)
     if not sweeps:
         return
@@ -139,18 +140,23 @@ def plot_sweeps(summary: pd.DataFrame, out: Path, title: str) -> None:
             ax.set_title(f"{name}: no point finished", fontsize=9)
             continue
         x = pd.to_numeric(ok[knob], errors="coerce")
-        ax.plot(x, pd.to_numeric(ok.images_per_s, errors="coerce"), marker="o", color="tab:blue")
+        if knob == "lr":  # a learning-rate sweep asks what it learns, not how fast
+            ax.plot(x, 100 * pd.to_numeric(ok.test_acc, errors="coerce"), marker="o", color="tab:blue")
+            ax.set_ylabel("test accuracy (%)", color="tab:blue")
+        else:
+            ax.plot(x, pd.to_numeric(ok.images_per_s, errors="coerce"), marker="o", color="tab:blue")
+            ax.set_ylabel("images/s", color="tab:blue")
         ax.set_xlabel(KNOBS.get(knob, knob))
-        ax.set_ylabel("images/s", color="tab:blue")
         ax.set_ylim(bottom=0)
-        if knob == "global_batch":
-            ax.set_xscale("log", base=2)
+        if knob in ("global_batch", "lr"):
+            ax.set_xscale("log", base=2 if knob == "global_batch" else 10)
             ax.minorticks_off()
-        ax.set_xticks(list(x), [f"{v:.0f}" for v in x])
-        wait = ax.twinx()
-        wait.plot(x, 100 * pd.to_numeric(ok.data_wait_frac, errors="coerce"), marker="s", color="tab:red", ls="--")
-        wait.set_ylabel("data-wait (% of step time)", color="tab:red")
-        wait.set_ylim(0, 100)
+        ax.set_xticks(list(x), [f"{v:.6g}" for v in x])
+        if knob != "lr":
+            wait = ax.twinx()
+            wait.plot(x, 100 * pd.to_numeric(ok.data_wait_frac, errors="coerce"), marker="s", color="tab:red", ls="--")
+            wait.set_ylabel("data-wait (% of step time)", color="tab:red")
+            wait.set_ylim(0, 100)
         ax.set_title(name, fontsize=9)
         ax.grid(alpha=0.3)
     fig.suptitle(f"Sweeps: {title}", fontsize=11)

@@ -8,7 +8,8 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-KNOBS = {"workers": "DataLoader workers", "global_batch": "global batch"}  # what a sweep may vary (metrics fields)
+# What a sweep may vary: metrics fields (the learning rate from the resolved arguments), with their axis labels.
+KNOBS = {"workers": "DataLoader workers", "global_batch": "global batch", "lr": "peak learning rate"}
 
 
 def fail(message: str) -> None:

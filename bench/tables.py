@@ -126,7 +126,7 @@ def sweep_markdown(summary: pd.DataFrame) -> str:
         first = rows.iloc[0]
         table = [
             {
-                KNOBS.get(knob, knob): fmt(r.get(knob), ".0f"),
+                KNOBS.get(knob, knob): fmt(r.get(knob), ".6g"),
                 "images/s": ips_cell(r),
                 "× the first": x_cell(ratio_of(r.get("images_per_s"), first.get("images_per_s"))),
                 "data-wait": wait_cell(r),

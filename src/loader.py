@@ -5,7 +5,11 @@ lesson. `python bench/prepare_data.py` writes the ImageFolders it reads: data/fa
 data/imagenet-synthetic (500x375 JPEGs of ~100 KB, like ImageNet's, to make decoding cost what it costs there).
 Each DataLoader worker decodes and augments whole images on a CPU core with PIL; the GPU waits if they fall behind.
 --amp-dtype and --channels-last run the model as train_amp.py and train_channels_last.py do, so that the end-to-end
-rows measure the input at a compute rate where it matters.
+rows measure the input at a compute rate where it matters. A --resume (after SIGTERM) goes on with the same files in
+the same order (each epoch's shuffle comes from seed + epoch), but draws other random crops and flips than the
+uninterrupted run would have: that random state lives in the DataLoader's worker processes, not in the checkpoint,
+so a resumed run trains the same way in distribution, not bit for bit (train.py's data has no augmentation: its resume
+is exact).
 
     python src/loader.py                                               # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --workers 8   # pipeline only

@@ -214,7 +214,7 @@ for epoch in range(start_epoch, args.epochs):
     )
     if rank == 0:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
-    if checkpoint:
+    if checkpoint and rank == 0:  # new # rank 0 writes (every rank steps the same model)
         common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step, scaler=scaler)
     if step == total_steps:
         break

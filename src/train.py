@@ -8,7 +8,8 @@ src/train_channels_last.py` the next one (each variant names its base in its doc
     python src/train.py --device cpu --subset 4096 --epochs 1   # a quick look on a laptop
     python src/train.py --model resnet18 --epochs 8 --batch-size 256 --workers 8 --lr 2e-3 --target-acc 0.93
     python src/train.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # compute ceiling
-    python src/train.py --checkpoint-dir ckpt --epochs 1 && python src/train.py --checkpoint-dir ckpt --resume
+    python src/train.py --checkpoint-dir ckpt            # Ctrl-C or SIGTERM it, then the same line + --resume goes on
+    python src/train.py --checkpoint-dir ckpt --resume   # (another --epochs, --max-steps or --lr is refused)
     timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt2; python src/train.py --checkpoint-dir ckpt2 --resume
 
 SIGTERM (a preempted job: Slurm, Kubernetes, `timeout`) stops the run at the next step boundary: with --checkpoint-dir it

@@ -1,6 +1,7 @@
 r"""DistributedDataParallel: train.py + one process per device, launched by torchrun, gradients all-reduced.
 
-torchrun starts one process per GPU (or N processes on a CPU) and gives each its LOCAL_RANK, RANK and WORLD_SIZE.
+torchrun starts one process per GPU (or N processes on a CPU) and gives each its LOCAL_RANK, RANK and WORLD_SIZE;
+`--nproc-per-node auto` counts the GPUs, or the CPU cores where there is none (`gpu` fails without CUDA).
 Every process holds the whole model and trains on its own 1/WORLD_SIZE of the data (DistributedSampler); during
 backward, DDP all-reduces gradient buckets as they become ready, overlapping communication with computation, so all
 replicas take the same step. --batch-size is per process: the global batch is batch x world size. Only rank 0
@@ -9,13 +10,13 @@ On CPU the backend is gloo and each process gets cores / processes threads; on C
 worker (mid-epoch checkpoints, torchrun --max-restarts) is the next lesson: train_DDP_elastic.py.
 
     torchrun --nproc-per-node 2 src/train_DDP.py --device cpu --workers 1          # 2 processes on a CPU (gloo)
-    torchrun --nproc-per-node gpu src/train_DDP.py                                 # one process per visible GPU
-    torchrun --nproc-per-node gpu src/train_DDP.py --model resnet18 --sync-bn --epochs 8 --lr 2e-3
+    torchrun --nproc-per-node auto src/train_DDP.py                         # one per GPU; per CPU core without one
+    torchrun --nproc-per-node auto src/train_DDP.py --model resnet18 --sync-bn --epochs 8 --lr 2e-3
     # 2 nodes: the same line on each (c10d's rendezvous numbers the nodes); HOST:29500 is reachable from both
-    torchrun --nnodes 2 --nproc-per-node gpu --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
+    torchrun --nnodes 2 --nproc-per-node auto --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
         --rdzv-id job1 src/train_DDP.py --model resnet18
     # Slurm: sbatch --nodes 2 --gpus-per-node 8 --ntasks-per-node 1 with, in the batch script,
-    #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
+    #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node auto --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
     #       --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 src/train_DDP.py
     diff src/train.py src/train_DDP.py                                             # only the lines marked `# new #`
 """
@@ -65,7 +66,7 @@ dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
 sampler = None  # new # synthetic data: every rank makes its own batch
 if args.dataset == "synthetic":
-    train_loader, test_loader = common.synthetic_data(args, device)
+    train_loader, test_loader = common.synthetic_data(args, device, seed=rank)  # new # another batch on each rank
 else:
     train_set, test_set = common.load_data(args)
     # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
@@ -158,11 +159,13 @@ for epoch in range(start_epoch, args.epochs):
         dist.broadcast(buffer, src=0)
     # new # end
     val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
-    # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
+    # new # begin: each rank scored its own shard and trained on its own batches: sum over ranks for global figures
     n = len(test_loader.dataset)
     totals = torch.tensor([val_loss * n, val_acc * n, n], dtype=torch.float64, device=device)
     dist.all_reduce(totals)  # sum over ranks
     val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
+    dist.all_reduce(loss_sum)  # the epoch's train loss over the global batch, as train.py's over its one batch
+    loss_sum /= world_size
     # new # end
     epochs.append(
         common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)

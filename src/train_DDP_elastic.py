@@ -5,8 +5,8 @@ their next collective. torchrun's docs call the cure a *fault-tolerant* launch: 
 survivors and starts the group again, with the same world size, up to K times (its elastic agent,
 torch.distributed.elastic, does the restarting; the file is named after it). This script makes that restart continue
 where it stopped instead of from step 0: rank 0 saves last.pt every --checkpoint-every steps and at each epoch end
-(atomically), with the finished epochs, the global step, the per-epoch records and the loss summed so far in the
-epoch; with --resume every rank loads it, the one-cycle schedule continues at that step, sampler.set_epoch gives the
+(atomically), with the finished epochs, the global step, the per-epoch records and every rank's loss summed so far in
+the epoch; with --resume every rank loads it, the one-cycle schedule continues at that step, sampler.set_epoch gives the
 epoch's shuffle again, and the sampler starts after the samples the epoch already trained on (indices skipped: no
 batch is loaded twice), so the restarted job sees the same data in the same order and, with --deterministic, ends
 with the uninterrupted run's weights bit for bit (tests/test_equivalence.py restarts it at each kind of step
@@ -20,7 +20,7 @@ TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun's agent shares one TCP store with
 restarts, so a restarted group can read the dead group's addresses and fail to connect (gloo `connectFullMesh ...
 Connection refused`, pytorch/pytorch#135712); with the variable each attempt gets a fresh store.
 
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node gpu --max-restarts 3 src/train_DDP_elastic.py \
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node auto --max-restarts 3 src/train_DDP_elastic.py \
         --checkpoint-dir ckpt --checkpoint-every 200 --resume
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node 2 --max-restarts 1 src/train_DDP_elastic.py \
         --device cpu --workers 1 --checkpoint-dir ckpt --checkpoint-every 50 --resume
@@ -31,7 +31,7 @@ step; rank 0 saves last.pt there, says so in one line and the ranks exit 143 (to
 traceback and exits 1). Slurm sends SIGTERM 120 s before a job's time is up, and requeues a preempted job, with:
     #SBATCH --signal=TERM@120
     #SBATCH --requeue
-    srun torchrun --nnodes $SLURM_NNODES --nproc-per-node gpu --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
+    srun torchrun --nnodes $SLURM_NNODES --nproc-per-node auto --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
         --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 --max-restarts 3 \
         src/train_DDP_elastic.py --checkpoint-dir ck --checkpoint-every 200 --resume
 """
@@ -99,7 +99,7 @@ dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
 sampler = None  # new # synthetic data: every rank makes its own batch
 if args.dataset == "synthetic":
-    train_loader, test_loader = common.synthetic_data(args, device)
+    train_loader, test_loader = common.synthetic_data(args, device, seed=rank)  # new # another batch on each rank
 else:
     train_set, test_set = common.load_data(args)
     # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
@@ -150,6 +150,27 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 meter = common.Meter(device, args.warmup_steps)
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 epochs = epochs_before  # new #
+
+
+# new # begin: a checkpoint inside an epoch: the records, and every rank's loss summed so far in the epoch (each rank
+# trains on its own batches; a restarted rank goes on from its own sum, so the epoch's record is the uninterrupted one)
+def save_mid_epoch(epochs_done: int) -> None:
+    loss_sums = [torch.zeros_like(loss_sum) for _ in range(world_size)]
+    dist.all_gather(loss_sums, loss_sum)  # a collective: every rank calls this at the same step
+    if master:
+        common.save_checkpoint(
+            checkpoint,
+            args,
+            model.module,
+            optimizer,
+            epochs_done,
+            step,
+            epochs=epochs,
+            epoch_loss_sums=torch.stack(loss_sums),
+        )
+
+
+# new # end
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
@@ -163,7 +184,7 @@ for epoch in range(start_epoch, args.epochs):
     loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
     epoch_steps = 0
     if done:  # new # an epoch resumed mid-way: its loss and steps so far, so its record is the whole epoch's
-        loss_sum, epoch_steps = state["epoch_loss_sum"].to(device), done  # new #
+        loss_sum, epoch_steps = state["epoch_loss_sums"][rank].to(device), done  # new # this rank's own sum
     logits = None  # new # a checkpoint at an epoch's last step leaves no step to run before its evaluation
     # new # the sampler skips the done steps' samples; synthetic data has no sampler: stop after the steps left
     for images, labels in meter.loader(itertools.islice(train_loader, len(train_loader) - done)):  # new #
@@ -187,20 +208,17 @@ for epoch in range(start_epoch, args.epochs):
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
             break
-        # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps (rank 0 writes; replicas are equal);
-        # not at the run's last step: a run is finished only once its last evaluation is done and saved below
-        if checkpoint and master and args.checkpoint_every and step % args.checkpoint_every == 0:
-            common.save_checkpoint(
-                checkpoint, args, model.module, optimizer, epoch, step, epochs=epochs, epoch_loss_sum=loss_sum
-            )
-            print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
+        # new # begin: a mid-epoch checkpoint, so a restart loses at most N steps; not at the run's last step: a run
+        # is finished only once its last evaluation is done and saved below
+        if checkpoint and args.checkpoint_every and step % args.checkpoint_every == 0:
+            save_mid_epoch(epoch)
+            if master:
+                print(f"checkpoint: epoch {epoch + 1} step {step} -> {checkpoint}", flush=True)
         # new # end
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
-        if checkpoint and master:  # new # every rank stops at this step; rank 0 writes
-            common.save_checkpoint(  # new # with what a restart needs, as the mid-epoch checkpoints above
-                checkpoint, args, model.module, optimizer, epoch, step, epochs=epochs, epoch_loss_sum=loss_sum
-            )
+        if checkpoint:  # new # every rank stops at this step and gathers the loss sums; rank 0 writes
+            save_mid_epoch(epoch)  # new # with what a restart needs, as the mid-epoch checkpoints
         break
 
     # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
@@ -209,11 +227,13 @@ for epoch in range(start_epoch, args.epochs):
         dist.broadcast(buffer, src=0)
     # new # end
     val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
-    # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
+    # new # begin: each rank scored its own shard and trained on its own batches: sum over ranks for global figures
     n = len(test_loader.dataset)
     totals = torch.tensor([val_loss * n, val_acc * n, n], dtype=torch.float64, device=device)
     dist.all_reduce(totals)  # sum over ranks
     val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
+    dist.all_reduce(loss_sum)  # the epoch's train loss over the global batch, as train.py's over its one batch
+    loss_sum /= world_size
     # new # end
     epochs.append(
         common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)

@@ -6,8 +6,12 @@ the outputs back on GPU 0 and computes the loss there; backward sums the gradien
 holds more memory than the others (all outputs, the loss, the reduced gradients, the optimizer state) and does more
 work, the copies repeat every step, and one Python process (one GIL) drives every GPU: it scales poorly past a few
 GPUs. DistributedDataParallel (train_DDP.py: one process per GPU, gradients all-reduced while backward runs) is
-faster even on one machine, and is what PyTorch recommends. With fewer than 2 GPUs DataParallel only calls the model:
-this script says so and runs, which measures the wrapper's cost.
+faster even on one machine, and is what PyTorch recommends. BatchNorm pitfall: each replica normalises its own chunk
+of the batch (statistics over batch / GPUs images, not the batch), and the running statistics that evaluation uses
+are updated on GPU 0's replica only, from GPU 0's chunk (the other replicas' updates are discarded with them): a model
+with BatchNorm trains on other statistics than train.py's on the same batch (SyncBatchNorm is DDP's cure, not
+DataParallel's). With fewer than 2 GPUs DataParallel only calls the model: this script says so and runs, which
+measures the wrapper's cost (and is train.py bit for bit: the CPU test of tests/test_equivalence.py proves only that).
 
     python src/train_DP.py                                    # every visible GPU
     CUDA_VISIBLE_DEVICES=0,1 python src/train_DP.py --batch-size 256
@@ -121,8 +125,11 @@ for epoch in range(start_epoch, args.epochs):
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
-if len(model.device_ids) > 1:  # new # the replicas' forward runs in threads, which FlopCounterMode does not see
-    summary["flops_per_image"] = None  # new #
+# new # begin: the replicas' forwards run in threads, which FlopCounterMode and saved_tensors_hooks (both
+# thread-local) do not see: their counts would be the main thread's share, not the step's. Left out, not wrong
+if len(model.device_ids) > 1:
+    summary["flops_per_image"] = summary["activation_mib"] = None
+# new # end
 common.report(
     args,
     summary,

@@ -26,9 +26,9 @@ into the model train.py builds (`load_state_dict`; train.py --resume refuses ano
 metrics carry params (the whole model) and params_per_rank (what one rank holds).
 
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --workers 1     # 2 processes on a CPU (gloo)
-    torchrun --nproc-per-node gpu src/train_FSDP.py --model vit --param-dtype bfloat16     # one process per GPU (nccl)
-    torchrun --nproc-per-node gpu src/train_FSDP.py --model vit --dataset synthetic --batch-size 64 --max-steps 100
-    torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --epochs 1
+    torchrun --nproc-per-node auto src/train_FSDP.py --model vit --param-dtype bfloat16     # one per GPU (nccl), per core without
+    torchrun --nproc-per-node auto src/train_FSDP.py --model vit --dataset synthetic --batch-size 64 --max-steps 100
+    torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck     # Ctrl-C it, then
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --resume
     diff src/train_DDP.py src/train_FSDP.py                                              # only the lines marked `# new #`
 """
@@ -98,7 +98,7 @@ dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
 sampler = None  # new # synthetic data: every rank makes its own batch
 if args.dataset == "synthetic":
-    train_loader, test_loader = common.synthetic_data(args, device)
+    train_loader, test_loader = common.synthetic_data(args, device, seed=rank)  # new # another batch on each rank
 else:
     train_set, test_set = common.load_data(args)
     # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
@@ -136,8 +136,8 @@ mesh = init_device_mesh(device.type, (world_size,))  # 1-D: every parameter spli
 param_dtype = getattr(torch, args.param_dtype)
 mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)  # gradients averaged in float32
 root_policy = MixedPrecisionPolicy(param_dtype, torch.float32, output_dtype=torch.float32)  # float32 logits: the loss
-if isinstance(model, torchvision.models.VisionTransformer):
-    blocks = list(model.encoder.layers)  # EncoderBlock: attention + MLP
+if isinstance(model, common.ViT):
+    blocks = model.blocks  # EncoderBlock: attention + MLP
 elif isinstance(model, torchvision.models.ResNet):
     blocks = [*model.layer1, *model.layer2, *model.layer3, *model.layer4]  # the residual blocks
 else:
@@ -246,11 +246,13 @@ for epoch in range(start_epoch, args.epochs):
         dist.broadcast(buffer, src=0)
     # new # end
     val_loss, val_acc = common.evaluate(model, test_loader, device)  # new # FSDP's forward: every rank runs it
-    # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
+    # new # begin: each rank scored its own shard and trained on its own batches: sum over ranks for global figures
     n = len(test_loader.dataset)
     totals = torch.tensor([val_loss * n, val_acc * n, n], dtype=torch.float64, device=device)
     dist.all_reduce(totals)  # sum over ranks
     val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
+    dist.all_reduce(loss_sum)  # the epoch's train loss over the global batch, as train.py's over its one batch
+    loss_sum /= world_size
     # new # end
     epochs.append(
         common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)

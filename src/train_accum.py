@@ -18,7 +18,7 @@ backward would throw the accumulated gradients away; no_sync around the backward
 all-reduces, as DDP reads the flag in the forward.
 
     torchrun --nproc-per-node 2 src/train_accum.py --device cpu --workers 1 --batch-size 32 --accum-steps 4
-    torchrun --nproc-per-node gpu src/train_accum.py --model resnet18 --batch-size 64 --accum-steps 4 --lr 2e-3
+    torchrun --nproc-per-node auto src/train_accum.py --model resnet18 --batch-size 64 --accum-steps 4 --lr 2e-3
     diff src/train_DDP.py src/train_accum.py                        # only the lines marked `# new #`
 """
 
@@ -75,7 +75,7 @@ dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
 sampler = None  # new # synthetic data: every rank makes its own batch
 if args.dataset == "synthetic":
-    train_loader, test_loader = common.synthetic_data(args, device)
+    train_loader, test_loader = common.synthetic_data(args, device, seed=rank)  # new # another batch on each rank
 else:
     train_set, test_set = common.load_data(args)
     # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
@@ -191,11 +191,13 @@ for epoch in range(start_epoch, args.epochs):
         dist.broadcast(buffer, src=0)
     # new # end
     val_loss, val_acc = common.evaluate(model.module, test_loader, device)  # new # the bare model: no DDP hooks
-    # new # begin: each rank scored its own shard; sum the sums over ranks for the whole test set
+    # new # begin: each rank scored its own shard and trained on its own batches: sum over ranks for global figures
     n = len(test_loader.dataset)
     totals = torch.tensor([val_loss * n, val_acc * n, n], dtype=torch.float64, device=device)
     dist.all_reduce(totals)  # sum over ranks
     val_loss, val_acc, test_images = (totals[0] / totals[2]).item(), (totals[1] / totals[2]).item(), int(totals[2])
+    dist.all_reduce(loss_sum)  # the epoch's train loss over the global batch, as train.py's over its one batch
+    loss_sum /= world_size
     # new # end
     epochs.append(
         common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)

@@ -90,8 +90,8 @@ def recompute_contexts(block):
     return contextlib.nullcontext(), buffers_restored(block)
 
 
-if isinstance(model, torchvision.models.VisionTransformer):
-    blocks = list(model.encoder.layers)  # EncoderBlock: attention + MLP, (N, tokens, width) in and out
+if isinstance(model, common.ViT):
+    blocks = model.blocks  # EncoderBlock: attention + MLP, (N, tokens, width) in and out
 elif isinstance(model, torchvision.models.ResNet):
     blocks = [*model.layer1, *model.layer2, *model.layer3, *model.layer4]  # the residual blocks
 else:

@@ -61,9 +61,8 @@ generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
-if amp_dtype == "float16" and device.type == "cpu":
-    print("AMP: float16 is emulated on CPUs without AVX512-FP16 / AMX-FP16: on a CPU this runs bfloat16", flush=True)
-    amp_dtype = "bfloat16"
+if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
+    print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
 if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"

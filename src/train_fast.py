@@ -82,14 +82,17 @@ if int(os.environ.get("WORLD_SIZE", "1")) > 1:
 if "device-data" in args.without and args.dataset != "fashion-mnist":
     parser.error("--without device-data applies to --dataset fashion-mnist (the other inputs have no DataLoader here)")
 torch.backends.cudnn.benchmark = not args.deterministic and "cudnn-benchmark" not in args.without
-if device.type == "cpu":
-    print("train_fast.py: no GPU: no 'mixed' JPEG decoding, no float16 tensor cores; DALI CPU-only mode, bfloat16")
+if device.type == "cpu":  # what it cannot do here, for the input it was given (the AMP block says the dtype)
+    where = {
+        "imagefolder": "; DALI's CPU-only mode, no 'mixed' JPEG decoding",
+        "fashion-mnist": "; the data in host memory",
+    }
+    print(f"train_fast.py: no GPU: no float16 tensor cores{where.get(args.dataset, '')}", flush=True)
 # new # end
 # new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
-if amp_dtype == "float16" and device.type == "cpu":
-    print("AMP: float16 is emulated on CPUs without AVX512-FP16 / AMX-FP16: on a CPU this runs bfloat16", flush=True)
-    amp_dtype = "bfloat16"
+if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
+    print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
 if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"

@@ -3,7 +3,7 @@
 When a model does not fit in one GPU's memory, put its first blocks on cuda:0 and the rest on cuda:1 and move the
 activations between them: each GPU holds its stage's weights, gradients and optimizer state. The cut falls between
 blocks (a Sequential's layers; a ResNet's stem layers, each residual block of layer1-4, the pooling and fc; a ViT's
-patch embedding, each encoder block, the final norm and the head), never inside one, where --balance says the two
+patch embedding, each encoder block and the head), never inside one, where --balance says the two
 stages are most even: `params` (default; the reason to split is memory) or `flops` (forward FLOPs counted with
 torch.utils.flop_counter.FlopCounterMode on one image, which counts matmuls, convolutions and attention, not
 elementwise ops: stages that take similar time, for pipeline speed). Both stages' parameters and
@@ -81,42 +81,18 @@ else:
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
 
 
-# new # begin: VisionTransformer.forward's steps around its encoder blocks, as modules that a stage can hold
-class PatchEmbedding(nn.Module):
-    """(N, C, H, W) images -> (N, 1 + patches, width) tokens: patches, class token, position embedding."""
-
-    def __init__(self, vit):
-        super().__init__()  # the ViT's own parameters, shared: its state dict keeps its keys
-        self.conv_proj, self.class_token, self.positions = vit.conv_proj, vit.class_token, vit.encoder.pos_embedding
-
-    def forward(self, images):
-        tokens = self.conv_proj(images).flatten(2).transpose(1, 2)  # (N, width, h, w) -> (N, h * w, width)
-        return torch.cat([self.class_token.expand(tokens.size(0), -1, -1), tokens], dim=1) + self.positions
-
-
-class ClassToken(nn.Module):
-    """(N, tokens, width) -> (N, width): the class token, which the head classifies."""
-
-    def forward(self, tokens):
-        return tokens[:, 0]
-
-
-# new # end
 # new # begin: the model as blocks that run one after another, cut where --balance makes the two stages most even
 if isinstance(model, torchvision.models.ResNet):  # ResNet.forward's steps, its residual blocks one by one
     blocks = [model.conv1, model.bn1, model.relu, model.maxpool, *model.layer1, *model.layer2, *model.layer3]
     blocks += [*model.layer4, model.avgpool, nn.Flatten(1), model.fc]  # forward flattens before fc: a layer here
-elif isinstance(model, torchvision.models.VisionTransformer):  # its forward's steps, its encoder blocks one by one
-    blocks = [PatchEmbedding(model), model.encoder.dropout, *model.encoder.layers, model.encoder.ln]
-    blocks += [ClassToken(), model.heads]
-else:  # the small CNN and the MLP are Sequentials
+else:  # the small CNN, the MLP and the ViT (embed, block0 ... head) are Sequentials
     blocks = list(model.children())
 params = [sum(p.numel() for p in block.parameters()) for block in blocks]
 channels, side = common.input_shape(args)
 image = torch.randn(1, channels, side, side, generator=torch.Generator().manual_seed(0)).to(device)  # one image
 flops, x = [], image
 model.eval()  # one image through every block: BatchNorm must not update its running statistics here
-for block in blocks:  # with autograd on: under no_grad, nn.MultiheadAttention takes a fused path FlopCounterMode misses
+for block in blocks:  # with autograd on, as in training (no inference-only fused kernels)
     with FlopCounterMode(display=False) as counter:
         x = block(x)
     flops.append(counter.get_total_flops())  # forward FLOPs of one image (a multiply-add counts 2)

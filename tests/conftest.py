@@ -41,6 +41,17 @@ def assert_loads_into_train_py(checkpoint: Path) -> dict:
     return state
 
 
+def stopped_after_first_checkpoint(script: str, *flags, timeout=300) -> subprocess.CompletedProcess:
+    """Run `script` with `flags` (which name its --checkpoint-dir) and SIGKILL it right after its first checkpoint
+    is written (tests/crash_probe.py), as a preempted job is left: for a 2-epoch train.py run, last.pt holds epoch 1
+    of 2, and a --resume with the same flags continues it (another --epochs would be refused: it reshapes the
+    one-cycle schedule). Returns the killed process (exit -9)."""
+    proc = run("tests/crash_probe.py", "0:after-save:1:0", "--", script, *flags, timeout=timeout,
+               env={**os.environ, "RANK": "0"})  # fmt: skip
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    return proc
+
+
 @pytest.fixture(scope="session")
 def fmnist_dir() -> Path:
     """The folder with the real Fashion-MNIST files (the set-up installs them; no download in tests)."""

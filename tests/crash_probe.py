@@ -7,13 +7,16 @@ In torchrun's attempt ATTEMPT (TORCHELASTIC_RESTART_COUNT, 0 for the first), the
 WHEN `after-save`, right after its N-th common.save_checkpoint call of that attempt returns (between two steps, with
 that checkpoint on disk); with `in-evaluate`, as its N-th common.evaluate call starts (during the evaluation that
 follows an epoch's last step). It dies by SIGKILL, as a preempted or OOM-killed worker does: no cleanup, no exception.
-The script runs unchanged (runpy, as `__main__`); the two common functions are observed, not replaced.
+With WHEN `sigterm-at-step`, the worker instead gets SIGTERM at the step boundary after global step N (as the
+preemption check of step N + 1 starts), as a preempted job does: the script stops there, saves and exits 143.
+The script runs unchanged (runpy, as `__main__`); the common functions are observed, not replaced.
 """
 
 import os
 import runpy
 import signal
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +27,7 @@ import common  # noqa: E402
 attempt, rank = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), os.environ["RANK"]
 plan = [spec.split(":") for spec in sys.argv[1].split(",")]
 when, n = next(((w, int(k)) for a, w, k, r in plan if a == attempt and r == rank), (None, 0))  # this worker's fault
-calls = {"after-save": 0, "in-evaluate": 0}
+calls = {"after-save": 0, "in-evaluate": 0}  # sigterm-at-step counts steps, not calls
 
 
 def die() -> None:
@@ -47,8 +50,18 @@ def observed_evaluate(*args, **kwargs):
     return evaluate(*args, **kwargs)
 
 
+class ObservedPreemption(common.Preemption):
+    def requested(self, step: int) -> bool:
+        if when == "sigterm-at-step" and step == n and not self._signalled:
+            os.kill(os.getpid(), signal.SIGTERM)
+            while not self._signalled:  # the handler runs in the main thread between two bytecodes
+                time.sleep(0.001)
+        return super().requested(step)
+
+
 save_checkpoint, evaluate = common.save_checkpoint, common.evaluate
 common.save_checkpoint, common.evaluate = observed_save, observed_evaluate
+common.Preemption = ObservedPreemption
 script = str(REPO / sys.argv[sys.argv.index("--") + 1])
 sys.argv = [script, *sys.argv[sys.argv.index("--") + 2 :]]
 runpy.run_path(script, run_name="__main__")

@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 REPO = Path(__file__).resolve().parent.parent
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 SCRIPTS = sorted((REPO / "src").glob("*.py")) + sorted((REPO / "bench").glob("*.py"))
@@ -88,15 +90,16 @@ def run_lines(command: str) -> list[tuple[str, list[str]]]:
     return found
 
 
-def all_run_lines() -> list[list]:
-    lines = []
-    for page in PAGES:
-        for n, command in commands(page.read_text()):
-            lines.extend([f"{page.relative_to(REPO)}:{n}", *found] for found in run_lines(command))
+def all_commands() -> list[tuple[str, str]]:
+    """(where, command) of every shell command in the README, docs/ and the docstrings of src/ and bench/."""
+    found = [(f"{page.relative_to(REPO)}:{n}", command) for page in PAGES for n, command in commands(page.read_text())]
     for script in SCRIPTS:
-        for n, command in docstring_commands(script):
-            lines.extend([f"{script.relative_to(REPO)}:{n} (docstring)", *found] for found in run_lines(command))
-    return lines
+        found += [(f"{script.relative_to(REPO)}:{n} (docstring)", command) for n, command in docstring_commands(script)]
+    return found
+
+
+def all_run_lines() -> list[list]:
+    return [[where, *found] for where, command in all_commands() for found in run_lines(command)]
 
 
 def test_every_run_line_in_the_readme_docs_and_docstrings_parses(tmp_path):
@@ -115,6 +118,18 @@ def test_every_run_line_in_the_readme_docs_and_docstrings_parses(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 0, f"{len(lines)} run lines, failing:\n{proc.stdout}{proc.stderr[-2000:]}"
+
+
+def test_no_torchrun_line_asks_for_gpus_on_a_machine_without_cuda():
+    """`torchrun --nproc-per-node gpu` stops with "Cuda is not available" on a CPU-only machine, although every script
+    runs on one: the lines say `auto` (one process per GPU, or per CPU core where there is none) or a number. Checked
+    on every machine without CUDA; the check itself is shown to fail on such a line."""
+    gpu_only = re.compile(r"\btorchrun\b.*--nproc[-_]per[-_]node[ =]gpu\b")
+    assert gpu_only.search("torchrun --nproc-per-node gpu src/train_DDP.py")  # what it looks for
+    if torch.cuda.is_available():
+        return  # there, the GPU lines run as written
+    found = [f"{where}: {command}" for where, command in all_commands() if gpu_only.search(command)]
+    assert not found, "\n".join(found)
 
 
 def test_the_probe_fails_a_flag_the_script_does_not_have(tmp_path):

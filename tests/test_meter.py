@@ -1,32 +1,41 @@
 """common.meter: what the images/s window leaves out (warm-up, evaluation, a recompiling step)."""
 
-import time
-
 import pytest
 import torch
 
 import common
 
 
-def test_meter_leaves_warmup_and_evaluation_out():
+def test_meter_leaves_warmup_and_evaluation_out(monkeypatch):
+    """Two slow warm-up steps (0.3 s), four fast ones (20 ms), an evaluation (0.3 s, between pause and resume), two
+    more fast steps, one of which waits 5 ms for its batch. A fake clock makes the arithmetic exact (no test here
+    depends on how fast this machine is): images/s counts the 6 fast steps only."""
+    clock = [0.0]
+    monkeypatch.setattr(common.meter.time, "perf_counter", lambda: clock[0])
+
+    def batches(n, wait=0.0):  # a loader whose next() takes `wait` seconds
+        for _ in range(n):
+            clock[0] += wait
+            yield None
+
     meter = common.Meter(torch.device("cpu"), warmup_steps=2)
     meter.resume()
-    for delay in [0.3, 0.3, 0.02, 0.02, 0.02, 0.02]:  # two slow warm-up steps, then four fast ones
-        for _ in meter.loader([None]):
-            time.sleep(delay)
+    for seconds in [0.3, 0.3, 0.02, 0.02, 0.02, 0.02]:
+        for _ in meter.loader(batches(1)):
+            clock[0] += seconds
             meter.step(10)
     meter.pause()
-    time.sleep(0.3)  # evaluation: outside every window
+    clock[0] += 0.3  # evaluation: outside every window
     meter.resume()
-    for _ in meter.loader(range(2)):
-        time.sleep(0.02)
+    for _ in meter.loader(batches(2, wait=0.005)):
+        clock[0] += 0.015
         meter.step(10)
     stats = meter.summary()
-    assert stats["measured_steps"] == 6
-    # 60 images over ~6 x 20 ms: far above what the warm-up or the pause would allow (60 / 0.72 s = 83)
-    assert 150 < stats["images_per_s"] <= 60 / 0.12
-    assert stats["data_wait_frac"] < 0.2 and stats["step_ms_p50"] >= 20
-    assert stats["train_s"] >= 0.7 and stats["peak_host_rss_gib"] > 0
+    assert stats["measured_steps"] == 6 and stats["windows"] == 2
+    assert stats["images_per_s"] == pytest.approx(60 / 0.12)  # 60 images in 6 x 20 ms, not in 0.72 s or 1.02 s
+    assert stats["data_wait_frac"] == pytest.approx(2 * 0.005 / 0.12) and stats["step_ms_p50"] == pytest.approx(20)
+    assert stats["train_s"] == pytest.approx(0.72) and stats["first_step_s"] == pytest.approx(0.3)
+    assert stats["peak_host_rss_gib"] > 0
 
 
 def test_meter_keeps_a_step_marked_unmeasured_out_of_the_window(monkeypatch):

@@ -1,5 +1,5 @@
-"""--deterministic runs, and a resume after --max-steps cut a run mid-epoch (restarts at every step boundary under
-`torchrun --max-restarts`: tests/test_equivalence.py)."""
+"""--deterministic runs, and a run that --max-steps cut mid-epoch: finished, and not resumed into another schedule
+(restarts at every step boundary under `torchrun --max-restarts`: tests/test_equivalence.py)."""
 
 import json
 import re
@@ -48,16 +48,19 @@ def test_without_the_flag_deterministic_algorithms_stay_off(tmp_path):
     assert json.loads((tmp_path / "m.json").read_text())["env"]["deterministic_algorithms"] is False
 
 
-def test_elastic_ddp_resumes_a_run_that_max_steps_cut_mid_epoch(tmp_path):
-    """--max-steps 10 ends epoch 1 after 10 of its 16 steps; --resume then runs epoch 2 whole (nothing to skip)."""
+def test_a_run_that_max_steps_cut_mid_epoch_is_finished_and_another_length_is_refused(tmp_path):
+    """--max-steps 10 ends epoch 1 after 10 of its 16 steps, a finished run: --resume with the same flags says so and
+    exits 0; --resume without --max-steps (or with another) would reshape the one-cycle schedule, which ended at step
+    10, into one of 32 steps resumed at step 10: refused in one line, the checkpoint left as it was."""
     flags = [*TORCHRUN, *ELASTIC, "--checkpoint-dir", tmp_path]
     first = subprocess.run([*flags, "--max-steps", "10"], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert first.returncode == 0, first.stderr
-    second = subprocess.run(
-        [*flags, "--resume", "--metrics-out", tmp_path / "m.json"], cwd=REPO, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert second.returncode == 0, second.stderr
-    assert "resumed from" in second.stdout and "1 epochs and 10 steps done" in second.stdout
-    metrics = json.loads((tmp_path / "m.json").read_text())
-    assert metrics["steps"] == 10 + 16 and [e["epoch"] for e in metrics["epochs"]] == [1, 2]
+    saved = (tmp_path / "last.pt").read_bytes()
+    again = subprocess.run([*flags, "--max-steps", "10", "--resume"], cwd=REPO, capture_output=True, text=True,
+                           timeout=300)  # fmt: skip
+    assert again.returncode == 0 and "holds a finished run (10 of 10 steps)" in again.stdout, again.stderr
+    longer = subprocess.run([*flags, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    errors = [line for line in longer.stderr.splitlines() if "train_DDP_elastic.py: error: " in line]
+    assert longer.returncode != 0 and "resumed from" not in longer.stdout
+    assert errors and "max steps 10 there, none here" in errors[0], longer.stderr
+    assert (tmp_path / "last.pt").read_bytes() == saved

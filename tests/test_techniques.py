@@ -160,7 +160,7 @@ def test_fast_is_a_single_process_script_and_refuses_a_world_size_above_1():
 def test_every_single_process_script_trains_the_vit(script, tmp_path):
     """--model vit through each single-process script (train.py, train_activation_checkpointing.py and
     train_model_parallel.py have their own tests in test_equivalence.py): 2 steps of the small ViT on synthetic
-    3 x 32 x 32 batches, which run its 65-token encoder; channels_last checks its one convolution (the patch
+    3 x 32 x 32 batches, which run its 17-token encoder; channels_last checks its one convolution (the patch
     embedding) reads NHWC. The metrics name the model and carry its parameters and the activations it kept."""
     flags = ["--device", "cpu", "--model", "vit", "--dataset", "synthetic", "--image-size", "32", "--subset", "64",
              "--batch-size", "32", "--epochs", "1", "--warmup-steps", "1", "--workers", "0"]  # fmt: skip
@@ -173,7 +173,7 @@ def test_every_single_process_script_trains_the_vit(script, tmp_path):
 
 def test_vit_image_side_that_is_not_a_multiple_of_its_patch_is_a_usage_error():
     proc = run("src/train.py", "--device", "cpu", "--model", "vit", "--dataset", "synthetic", "--image-size", "30")
-    assert_one_line_error(proc, "--model vit cuts images into 4 px patches: --image-size 30 is not a multiple")
+    assert_one_line_error(proc, "--model vit cuts images into 7 px patches: --image-size 30 is not a multiple")
     assert proc.returncode == 2
 
 

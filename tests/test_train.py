@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from conftest import REPO, run
+from conftest import stopped_after_first_checkpoint, REPO, run
 
 QUICK = [
     "--device",
@@ -126,8 +126,7 @@ def test_a_run_shorter_than_its_warmup_says_not_measured(tmp_path):
 def test_resume_continues_from_the_saved_epoch(tmp_path):
     ckpt = tmp_path / "ckpt"
     quick = [*QUICK, "--subset", "2048"]  # 16 steps an epoch (the mid-epoch resume: tests/test_preemption.py)
-    first = run("src/train.py", *quick, "--epochs", "1", "--checkpoint-dir", ckpt, timeout=300)
-    assert first.returncode == 0, first.stderr
+    stopped_after_first_checkpoint("src/train.py", *quick, "--epochs", "2", "--checkpoint-dir", ckpt)  # epoch 1 of 2
     saved = torch.load(ckpt / "last.pt", weights_only=False)
     assert saved["epoch"] == 1 and saved["step"] == 16
 

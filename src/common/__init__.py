@@ -48,6 +48,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     preemption,
     runstate,
     seeding,
+    vit,
 )
 from .checkpoint import exit_if_finished, load_checkpoint, save_checkpoint
 from .cli import get_image_folder_parser, get_parser, non_negative_int, parse_args, positive_int
@@ -62,6 +63,7 @@ from .metrics import epoch_line, epoch_record, report
 from .models import build_model
 from .preemption import Preemption
 from .seeding import seed_everything, seed_worker
+from .vit import ViT
 
 __all__ = [
     "BadImage",
@@ -69,6 +71,7 @@ __all__ = [
     "IMAGENET_STD",
     "Meter",
     "Preemption",
+    "ViT",
     "build_model",
     "die",
     "epoch_line",

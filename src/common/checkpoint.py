@@ -17,11 +17,12 @@ from .io import WriteFailed, atomic_write
 from .runstate import RUN
 
 # 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders; 3: + subset, seed,
-# accumulation steps in made_by
-CHECKPOINT_FORMAT = 3
-# What a checkpoint must share with the run that resumes it: what fixes the model, the optimizer, and which samples an
+# accumulation steps in made_by; 4: + epochs, max steps, peak learning rate
+CHECKPOINT_FORMAT = 4
+# What a checkpoint must share with the run that resumes it: what fixes the model, the optimizer, which samples an
 # epoch's steps take in which order (a mid-epoch resume skips the done steps' samples, so --subset, --seed and
-# --accum-steps must not change); anything else (epochs, max steps, lr, workers...) may change.
+# --accum-steps must not change), and the one-cycle schedule (--epochs and --max-steps fix its length, --lr its peak:
+# another value would reshape it mid-run, silently). Anything else (workers, log interval, warm-up...) may change.
 CHECKPOINT_MATCH = {
     "script": "script",
     "model": "model",
@@ -34,6 +35,9 @@ CHECKPOINT_MATCH = {
     "accum_steps": "accumulation steps",
     "optimizer": "optimizer",
     "state": "extra state",
+    "epochs": "epochs",
+    "max_steps": "max steps",
+    "lr": "peak learning rate",
 }
 
 
@@ -41,8 +45,9 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
     """What a checkpoint of this run says made it (`made_by`), keyed like CHECKPOINT_MATCH: the script's file name,
     --model, --dataset (a loader's --data-dir folder name), --image-size, --subset, --seed, the world size
     (torch.distributed's, else 1), --batch-size (per process), --accum-steps (None where the script has no such flag),
-    the optimizer's class, and `state`: the names of the `holders` (GradScaler...) whose state_dict is not empty (a
-    disabled GradScaler has none). Plus the torch version, for the record."""
+    the optimizer's class, `state`: the names of the `holders` (GradScaler...) whose state_dict is not empty (a
+    disabled GradScaler has none), and what fixes the one-cycle schedule: --epochs, --max-steps, --lr (the resolved
+    peak, a model's default included). Plus the torch version, for the record."""
     dataset = getattr(args, "dataset", None) or Path(getattr(args, "data_dir", "")).resolve().name
     return {
         "script": Path(sys.argv[0]).name,
@@ -56,6 +61,9 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
         "accum_steps": getattr(args, "accum_steps", None),
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
         "state": sorted(name for name, holder in holders.items() if holder.state_dict()),
+        "epochs": args.epochs,
+        "max_steps": args.max_steps,
+        "lr": args.lr,
         "torch": str(torch.__version__),
     }
 

@@ -13,7 +13,7 @@ from .env import REPO
 from .errors import die, first_line
 from .images import BadImage
 from .io import WriteFailed, output_problem
-from .models import MODELS, vit_patch_size
+from .models import DEFAULTS, MODELS, vit_patch_size
 
 
 def positive_int(text: str) -> int:
@@ -37,6 +37,14 @@ def positive_float(text: str) -> float:
     value = float(text)
     if not value > 0:
         raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    """argparse type: a number >= 0 (nan refused)."""
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
     return value
 
 
@@ -110,7 +118,11 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
     )
     _training_flags(p)
     p.add_argument(
-        "--clip-grad-norm", type=positive_float, default=None, help="clip the gradients' global L2 norm to this"
+        "--clip-grad-norm",
+        type=non_negative_float,
+        default=None,
+        help="clip the gradients' global L2 norm to this, 0 for no clipping (default per model: vit 1.0, the others "
+        "none; common/models.py's DEFAULTS)",
     )
     return p
 
@@ -149,13 +161,21 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--epochs", type=positive_int, default=2, help="passes over the training set")
     p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many optimizer steps")
     p.add_argument("--batch-size", type=positive_int, default=128, help="images per process per step")
-    p.add_argument("--lr", type=positive_float, default=5e-3, help="peak learning rate of the one-cycle schedule")
+    p.add_argument(
+        "--lr",
+        type=positive_float,
+        default=None,
+        help="peak learning rate of the one-cycle schedule (default per model: vit 2e-3, the others 5e-3; "
+        "common/models.py's DEFAULTS)",
+    )
     p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader worker processes")
     p.add_argument("--seed", type=int, default=0, help="seed of every random number generator")
     p.add_argument(
         "--deterministic",
         action="store_true",
-        help="bitwise-reproducible runs for a seed: deterministic algorithms only, no cuDNN autotuning (slower)",
+        help="repeatable runs for a seed: torch's deterministic kernels where it has them, no cuDNN autotuning "
+        "(slower). An op without a deterministic kernel warns and runs as usual (warn_only), so bit for bit only "
+        "where none warned: on a CPU, every run here (tests/test_reliability.py)",
     )
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda when available")
     p.add_argument(
@@ -183,6 +203,11 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     the earlier one's checkpoint."""
     install_error_hook()
     args = parser.parse_args()
+    defaults = DEFAULTS[args.model]  # what the model trains well with, where the command line says nothing
+    args.lr = args.lr if args.lr is not None else defaults["lr"]
+    if "clip_grad_norm" in args:
+        clip = args.clip_grad_norm
+        args.clip_grad_norm = defaults["clip_grad_norm"] if clip is None else (clip or None)  # 0: no clipping
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
     if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):

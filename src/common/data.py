@@ -121,14 +121,17 @@ def fashion_mnist(folder: Path, subset: int | None = None):
 
 
 class SyntheticLoader:
-    """Yields the same random batch, already on `device`, `steps` times per pass: the compute ceiling.
+    """Yields the same random batch (drawn from `seed`), already on `device`, `steps` times per pass: the compute
+    ceiling.
 
     images: float32 (batch_size, channels, image_size, image_size) ~ N(0, 1); labels: int64 (batch_size,) in [0, 10).
     Nothing is decoded or copied per step, so images/s measures the model and the optimizer alone.
     """
 
-    def __init__(self, batch_size: int, image_size: int, steps: int, device: torch.device, channels: int = 3):
-        generator = torch.Generator().manual_seed(0)
+    def __init__(
+        self, batch_size: int, image_size: int, steps: int, device: torch.device, channels: int = 3, seed: int = 0
+    ):
+        generator = torch.Generator().manual_seed(seed)
         self.images = torch.randn(batch_size, channels, image_size, image_size, generator=generator).to(device)
         self.labels = torch.randint(0, 10, (batch_size,), generator=generator).to(device)
         self.steps, self.dataset = steps, range(steps * batch_size)  # `dataset` so len(loader.dataset) works
@@ -163,18 +166,20 @@ def load_data(args: argparse.Namespace):
     return train_set, test_set
 
 
-def synthetic_data(args: argparse.Namespace, device: torch.device):
+def synthetic_data(args: argparse.Namespace, device: torch.device, seed: int = 0):
     """Return `(train_loader, test_loader)` of SyntheticLoader for `--dataset synthetic` (3 x S x S, S = 224 default).
 
     An epoch is `--subset` images (default 10,240) rounded down to whole batches; the test loader yields the same
     fixed random batch twice, so its accuracy measures how well the model memorised that batch (1.0 in the tables),
-    not generalisation: these rows are for images/s, and the tables label them synthetic.
+    not generalisation: these rows are for images/s, and the tables label them synthetic. `seed` draws the batch:
+    the data-parallel scripts pass their rank, so that the ranks train on different batches, as they do on real data
+    (identical batches on every rank would hide a gradient that is not averaged over the ranks).
     """
     channels, size = input_shape(args)
     steps = max(1, (args.subset or 10_240) // args.batch_size)
     return (
-        SyntheticLoader(args.batch_size, size, steps, device, channels),
-        SyntheticLoader(args.batch_size, size, 2, device, channels),
+        SyntheticLoader(args.batch_size, size, steps, device, channels, seed),
+        SyntheticLoader(args.batch_size, size, 2, device, channels, seed),
     )
 
 

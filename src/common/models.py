@@ -4,7 +4,24 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from .vit import ViT, vit_config
+
 MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit"]
+# What each model trains well with, where the command line leaves --lr / --clip-grad-norm out (`cli.parse_args` fills
+# them in): the peak learning rate of the scripts' one-cycle schedule (AdamW, weight decay 5e-4) and the clip of the
+# gradients' global L2 norm (None: no clipping). The convolutional models and the MLP share 5e-3 (the small CNN reaches
+# 91 % on Fashion-MNIST in 2 epochs with it). The ViT, 2 epochs of 8,000 Fashion-MNIST images (train.py on 2 CPU
+# cores, `python bench/bench.py --profile vit-defaults`, results/vit-defaults-2026-11-25/): 57.5 % at 5e-3 unclipped,
+# 63.8 % clipped to norm 1.0; clipped, 68.2 % at 3e-3, 66.8 % at 2e-3 (68.9 and 69.9 % with seeds 1 and 2), 68.0 % at
+# 1e-3, 60.2 % at 5e-4. So 2e-3, the middle of that plateau, with the clip at 1.0 that ViTs are trained with
+# (Dosovitskiy et al. 2021, appendix B.1), which keeps a too-high rate from costing as much.
+DEFAULTS = {
+    "cnn": {"lr": 5e-3, "clip_grad_norm": None},
+    "mlp": {"lr": 5e-3, "clip_grad_norm": None},
+    "resnet18": {"lr": 5e-3, "clip_grad_norm": None},
+    "resnet50": {"lr": 5e-3, "clip_grad_norm": None},
+    "vit": {"lr": 2e-3, "clip_grad_norm": 1.0},
+}
 
 
 class SmallCNN(nn.Sequential):
@@ -48,48 +65,33 @@ class MLP(nn.Sequential):
 
 
 def vit_patch_size(image_size: int) -> int:
-    """The patch side of `build_model("vit")` for S x S images: 4 px below 64 px (the small ViT), 16 px from 64 px
-    (ViT-B/16). The side must be a multiple of it (`parse_args` checks)."""
-    return 4 if image_size < 64 else 16
+    """The patch side of `build_model("vit")` for S x S images (`vit_config`): S / 4 below 64 px (the small ViT: 16
+    patch tokens), 16 px from 64 px (ViT-B/16). The side must be a multiple of it (`parse_args` checks)."""
+    return vit_config(image_size)["patch"]
 
 
 def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> nn.Module:
-    """`cnn` (SmallCNN), `mlp` (MLP), torchvision ResNet-18/50 or `vit` (torchvision VisionTransformer) with randomly
-    initialised weights, for (N, C, S, S) float32 input and (N, num_classes) logits.
+    """`cnn` (SmallCNN), `mlp` (MLP), torchvision ResNet-18/50 or `vit` (common.vit.ViT) with randomly initialised
+    weights, for (N, C, S, S) float32 input and (N, num_classes) logits.
 
     For small images (S < 64, e.g. Fashion-MNIST's 28 px) the ResNet stem is adapted as for CIFAR (He et al. 2016,
     section 4.2): a 3x3 stride-1 first convolution and no max-pool, so 28 px are not shrunk to 7 px by the stem.
     `in_channels` replaces the first convolution's 3.
 
-    `vit` below 64 px is a small ViT: 4 x 4 patches (28 px: 49 patch tokens + the class token = 50 tokens), width
-    128, 6 encoder blocks of 4 heads, MLP 512; 1.2 M parameters at 28 px, about 3.5 minutes per Fashion-MNIST epoch
-    (60,000 images) in float32 on 2 AMD EPYC cores. From 64 px it is ViT-B/16 (Dosovitskiy et al. 2021, table 1):
-    16 x 16 patches (224 px: 196 + 1 tokens), width 768, 12 blocks of 12 heads, MLP 3072; 85.8 M parameters at
-    224 px with 10 classes. Its patch embedding is a Conv2d of kernel = stride = patch, built for `in_channels`
-    (1 for Fashion-MNIST). Encoder blocks (`model.encoder.layers`) run nn.MultiheadAttention, which calls
-    scaled_dot_product_attention; no dropout, so runs are deterministic for a seed. Raises ValueError when S is not
-    a multiple of the patch side (`vit_patch_size`).
+    `vit` is a Vision Transformer with separate q, k, v projections (common/vit.py says why), its shape from
+    `vit_config`: below 64 px a small ViT of S / 4 px patches (28 px: 16 patch tokens + the class token), width 128,
+    4 blocks of 4 heads, MLP 512 (0.8 M parameters at 28 px); from 64 px ViT-B/16 (85.8 M parameters at 224 px with
+    10 classes). Its patch embedding is a Conv2d of kernel = stride = patch, built for `in_channels` (1 for
+    Fashion-MNIST); its blocks are `model.blocks`; no dropout, so runs are deterministic for a seed. Raises
+    ValueError when S is not a multiple of the patch side (`vit_patch_size`).
     """
     if name == "cnn":
         return SmallCNN(in_channels, num_classes, image_size)
     if name == "mlp":
         return MLP(in_channels, num_classes, image_size)
-    import torchvision  # only for the ResNets and the ViT: its import adds seconds to start-up
-
     if name == "vit":
-        patch = vit_patch_size(image_size)
-        if image_size % patch:
-            raise ValueError(f"--model vit needs an image side that is a multiple of {patch} px, not {image_size}")
-        width, depth, heads, mlp = (128, 6, 4, 512) if patch == 4 else (768, 12, 12, 3072)
-        model = torchvision.models.VisionTransformer(
-            image_size, patch, depth, heads, width, mlp, num_classes=num_classes
-        )
-        if in_channels != 3:  # initialised as torchvision initialises its own (LeCun normal, zero bias)
-            model.conv_proj = nn.Conv2d(in_channels, width, patch, stride=patch)
-            fan_in = in_channels * patch * patch
-            nn.init.trunc_normal_(model.conv_proj.weight, std=(1 / fan_in) ** 0.5)
-            nn.init.zeros_(model.conv_proj.bias)
-        return model
+        return ViT(image_size, in_channels, num_classes, **vit_config(image_size))
+    import torchvision  # only for the ResNets: its import adds seconds to start-up
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)
     if image_size < 64:

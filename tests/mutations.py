@@ -1,0 +1,218 @@
+"""The proof of the proofs: each lesson's realistic bugs, applied one at a time to a copy of the project, and the test
+that should catch each one, run against that copy. A test catches its bug when it passes on the copy without the bug
+(the control) and fails with it.
+
+    python tests/mutations.py                                  # every bug: about 25 minutes on 2 cores
+    python tests/mutations.py --only accum --only DDP          # the bugs whose lesson or name contains a word
+    python tests/mutations.py --out results/mutations-DATE     # table.md, log.txt and env.json there
+    python tests/mutations.py --list                           # the bugs and their tests, nothing run
+
+Each bug is an exact text replacement in one script (its `old` text must occur exactly once:
+tests/test_mutations.py checks that on every test run, so the list follows the scripts). The copy holds src/,
+tests/ and bench/ with data/ linked in; the test runs there under pytest, as the test command runs it. Outputs are
+written atomically; Ctrl-C stops the run (the copy is removed) and keeps no partial table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+import common  # noqa: E402
+
+EQ = "tests/test_equivalence.py::"
+# (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
+MUTATIONS = [
+    ("train_DDP.py", "set_epoch removed: every epoch repeats the first one's order", "src/train_DDP.py",
+     "        sampler.set_epoch(epoch)  # new #\n", "        pass\n",
+     EQ + "test_ddp_two_ranks_of_128_take_the_steps_of_train_py_with_256_in_its_order_every_epoch"),
+    ("train_DDP.py", "every rank's sampler given rank 0's shard", "src/train_DDP.py",
+     "num_replicas=world_size, rank=rank, shuffle=True", "num_replicas=world_size, rank=0, shuffle=True",
+     EQ + "test_ddp_two_ranks_of_128_take_the_steps_of_train_py_with_256_in_its_order_every_epoch"),
+    ("train_DDP.py", "the epoch's train loss is rank 0's shard only (not all-reduced)", "src/train_DDP.py",
+     "    dist.all_reduce(loss_sum)  # the epoch's", "    loss_sum *= world_size  # the epoch's",
+     EQ + "test_ddp_two_ranks_of_128_take_the_steps_of_train_py_with_256_in_its_order_every_epoch"),
+    ("train_accum.py", "the micro-batch loss not divided by K", "src/train_accum.py",
+     "            (loss / args.accum_steps).backward()", "            loss.backward()",
+     EQ + "test_accum_four_micro_batches_of_32_take_the_steps_of_ddp_with_128_over_epochs_not_a_multiple_of_4"),
+    ("train_accum.py", "no_sync around the wrong micro-batch: the all-reduce after the first of K", "src/train_accum.py",
+     "sync = micro % args.accum_steps == 0 or", "sync = micro % args.accum_steps == 1 or",
+     EQ + "test_accum_four_micro_batches_of_32_take_the_steps_of_ddp_with_128_over_epochs_not_a_multiple_of_4"),
+    ("train_DDP_elastic.py", "a resume that skips one batch too many", "src/train_DDP_elastic.py",
+     "sampler.start = done * args.batch_size", "sampler.start = (done + 1) * args.batch_size",
+     EQ + "test_restarts_at_every_step_boundary_end_with_the_uninterrupted_run_s_weights"),
+    ("train_FSDP.py", "every rank trains on rank 0's batch (the same data everywhere)", "src/train_FSDP.py",
+     "common.synthetic_data(args, device, seed=rank)", "common.synthetic_data(args, device, seed=0)",
+     EQ + "test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit"),
+    ("train_FSDP.py", "the gradients summed over the ranks, not averaged", "src/train_FSDP.py",
+     "fully_shard(model, mesh=mesh, mp_policy=root_policy)  # the root",
+     "fully_shard(model, mesh=mesh, mp_policy=root_policy).set_gradient_divide_factor(1.0)  # the root",
+     EQ + "test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit"),
+    ("train_FSDP.py", "a mid-epoch resume that skips one batch too many", "src/train_FSDP.py",
+     "    done = max(0, step - epoch * len(train_loader))", "    done = max(0, step - epoch * len(train_loader)) + 1",
+     EQ + "test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit"),
+    ("train_amp.py", "unscale_ removed before clipping: the scaled gradients are clipped", "src/train_amp.py",
+     "            scaler.unscale_(optimizer)  # new #", "            pass  # new #",
+     EQ + "test_amp_float16_with_gradscaler_clips_the_true_gradients_of_train_py"),
+    ("train_amp.py", "scaler.update() left out: the loss scale never adapts", "src/train_amp.py",
+     "        scaler.update()  # new #", "        pass  # new #",
+     EQ + "test_amp_float16_with_gradscaler_clips_the_true_gradients_of_train_py"),
+    ("train_amp.py", "autocast that wraps nothing (forward and loss dedented out of it): float32", "src/train_amp.py",
+     "            logits = model(images)\n            loss = criterion(logits, labels)\n",
+     "            pass\n        logits = model(images)\n        loss = criterion(logits, labels)\n",
+     EQ + "test_amp_bfloat16_follows_train_py_s_float32_loss_step_by_step"),
+    ("train_channels_last.py", "the model left in NCHW (its memory_format dropped)", "src/train_channels_last.py",
+     ".to(device, memory_format=torch.channels_last)  # new #", ".to(device)  # new #",
+     EQ + "test_channels_last_computes_train_amp_s_gradients_within_bfloat16_s_own_rounding"),
+    ("train_compile.py", "compile bypassed: the loop calls the eager model", "src/train_compile.py",
+     "            logits = compiled(images)  # new #", "            logits = model(images)  # new #",
+     EQ + "test_compile_follows_the_eager_loss_step_by_step_and_saves_the_eager_keys"),
+    ("train_fast.py", "the device loader shuffles on its own instead of with the base's sampler", "src/train_fast.py",
+     "batch_size=args.batch_size, sampler=sampler, drop_last=True", "batch_size=args.batch_size, shuffle=True, drop_last=True",
+     EQ + "test_fast_without_fused_adamw_is_train_compile_bit_for_bit_and_with_it_one_rounding_away"),
+    ("train_DP.py", "the checkpoint saved from the wrapper: module. prefix", "src/train_DP.py",
+     "common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch + 1, step)",
+     "common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step)",
+     EQ + "test_dp_on_one_device_trains_train_py_s_weights_bit_for_bit"),
+    ("train_profile.py", "profiler.step() left out: the schedule never reaches its active steps", "src/train_profile.py",
+     "        profiler.step()  # new #", "        pass  # new #",
+     EQ + "test_profile_trains_train_py_s_weights_bit_for_bit_and_writes_a_labelled_trace"),
+    ("train_activation_checkpointing.py", "the checkpoint wrapper dropped: no block recomputed",
+     "src/train_activation_checkpointing.py",
+     "checkpointed = blocks[:-1][:: args.recompute_every]", "checkpointed = []",
+     EQ + "test_activation_checkpointing_trains_train_py_s_weights_bit_for_bit_and_keeps_less_for_backward[vit]"),
+    ("train_activation_checkpointing.py", "BatchNorm's running statistics not put back after a recompute",
+     "src/train_activation_checkpointing.py",
+     "            buffer.copy_(value)", "            pass",
+     EQ + "test_activation_checkpointing_trains_train_py_s_weights_bit_for_bit_and_keeps_less_for_backward[resnet18]"),
+    ("train_model_parallel.py", "the cut off by one block: the second stage skips a block", "src/train_model_parallel.py",
+     "nn.Sequential(*blocks[cut:]).to(devices[1])", "nn.Sequential(*blocks[cut + 1 :]).to(devices[1])",
+     EQ + "test_model_parallel_pipeline_computes_the_unsplit_model_s_logits_and_gradients"),
+    ("loader_DALI.py", "DALI's per-epoch shuffle off: every epoch the first one's order", "src/loader_DALI.py",
+     "        shuffle_after_epoch=training,", "        shuffle_after_epoch=False,",
+     EQ + "test_every_epoch_is_a_fresh_permutation_of_the_files[src/loader_DALI.py]"),
+]  # fmt: skip
+
+
+def check(mutation) -> str | None:
+    """Why `mutation` cannot be applied to the current scripts (its old text is not there exactly once, or its test
+    is not in its test file), or None."""
+    lesson, bug, path, old, new, test = mutation
+    text = (REPO / path).read_text()
+    if text.count(old) != 1:
+        return f"{path}: the text to replace occurs {text.count(old)} times, not once: {old.strip()!r}"
+    test_file, name = test.split("::")
+    if f"def {name.split('[')[0]}(" not in (REPO / test_file).read_text():
+        return f"{test_file} has no test {name}"
+    return None
+
+
+def copy_of_the_project(into: Path) -> Path:
+    """src/, tests/ and bench/ copied into `into` (no caches), data/ linked; returns the copy's root."""
+    root = into / "project"
+    for folder in ("src", "tests", "bench"):
+        shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    if (REPO / "data").exists():
+        (root / "data").symlink_to(REPO / "data")
+    return root
+
+
+def run_test(root: Path, test: str, timeout_s: int) -> tuple[str, str, float]:
+    """(outcome, the lines that say why, seconds) of `pytest TEST` in the copy `root`: passed, failed (exit 1), or
+    error (any other exit, a timeout)."""
+    started = time.monotonic()
+    argv = [sys.executable, "-m", "pytest", test, "-x", "-q", "-p", "no:cacheprovider"]
+    try:
+        proc = subprocess.run(argv, cwd=root, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "error", f"timed out after {timeout_s} s", time.monotonic() - started
+    lines = (proc.stdout + proc.stderr).splitlines()
+    outcome = {0: "passed", 1: "failed"}.get(proc.returncode, "error")
+    why = [line for line in lines if line.startswith("E ")][:3] or lines[-3:]
+    return outcome, "\n".join(why), time.monotonic() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", action="append", help="only the bugs whose lesson or description contains this")
+    parser.add_argument("--out", type=Path, default=None, help="write table.md, log.txt and env.json here")
+    parser.add_argument("--list", action="store_true", help="print the bugs and their tests, run nothing")
+    parser.add_argument("--timeout", type=int, default=900, help="seconds per test run")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if not args.only or any(w in m[0] or w in m[1] for w in args.only)]
+    problems = [p for p in map(check, chosen) if p]
+    if problems:
+        print(f"mutations.py: error: {problems[0]}", file=sys.stderr)
+        raise SystemExit(2)
+    if not chosen:
+        print(f"mutations.py: error: no bug matches --only {' / '.join(args.only)}", file=sys.stderr)
+        raise SystemExit(2)
+    if args.list:
+        for lesson, bug, _, _, _, test in chosen:
+            print(f"{lesson}: {bug} -> {test}")
+        return
+    if args.out is not None and (problem := common.output_problem(args.out, is_folder=True)):
+        print(f"mutations.py: error: --out {args.out} {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+    import pandas as pd  # here: --list and the checks need none of it
+
+    rows, log, started = [], [], datetime.now(timezone.utc)
+    with tempfile.TemporaryDirectory(prefix="mutations-") as scratch:
+        root = copy_of_the_project(Path(scratch))
+        controls = {}
+        for test in dict.fromkeys(m[5] for m in chosen):  # each test once on the unchanged copy: it must pass
+            controls[test] = run_test(root, test, args.timeout)
+            log.append(f"== control: {test}\n{controls[test][0]} in {controls[test][2]:.0f} s\n{controls[test][1]}\n")
+            print(f"control {test.split('::')[-1]}: {controls[test][0]} ({controls[test][2]:.0f} s)", flush=True)
+        for lesson, bug, path, old, new, test in chosen:
+            original = (root / path).read_text()
+            (root / path).write_text(original.replace(old, new))
+            try:
+                outcome, why, seconds = run_test(root, test, args.timeout)
+            finally:
+                (root / path).write_text(original)
+            control = controls[test][0]
+            verdict = "caught" if control == "passed" and outcome == "failed" else "NOT caught"
+            if control != "passed":
+                verdict += " (the test fails without the bug too)"
+            elif outcome == "error":
+                verdict += " (the test run did not finish: see the log)"
+            rows.append({"lesson": lesson, "bug": bug, "test": test.removeprefix("tests/"), "caught": verdict,
+                         "seconds": round(seconds)})  # fmt: skip
+            log.append(f"== {lesson}: {bug}\n-- {old.strip()}\n++ {new.strip()}\n{test}: {outcome} in {seconds:.0f} s\n"
+                       f"{why}\n")  # fmt: skip
+            print(f"{lesson}: {bug}: {verdict} ({seconds:.0f} s)", flush=True)
+    table = pd.DataFrame(rows)
+    caught = sum(r["caught"] == "caught" for r in rows)
+    text = (
+        f"# Mutation table: {caught} of {len(rows)} bugs caught\n\n"
+        f"`python tests/mutations.py`, {started:%Y-%m-%d %H:%M} UTC, commit {common.env.git_state()['commit']}"
+        f"{' (dirty)' if common.env.git_state()['dirty'] else ''}. Each row: one realistic bug applied to a copy of the "
+        "project, and the test that must catch it, run there; caught = the test passes on the copy without the bug "
+        "and fails with it. The log has each bug's diff and the test's failure.\n\n" + table.to_markdown(index=False)
+    )
+    print(text)
+    if args.out is not None:
+        common.io.atomic_write_text(args.out / "table.md", text + "\n")
+        common.io.atomic_write_text(args.out / "log.txt", "\n".join(log))
+        common.io.atomic_write_text(args.out / "env.json", json.dumps(common.env.environment(), indent=2) + "\n")
+    raise SystemExit(0 if caught == len(rows) else 1)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except KeyboardInterrupt:
+        print("mutations.py: interrupted (Ctrl-C); nothing written", file=sys.stderr)
+        raise SystemExit(130) from None
