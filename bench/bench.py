@@ -51,13 +51,14 @@ sys.path.insert(0, str(REPO / "src"))
 import diff_pages  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from cells import hardware_line  # noqa: E402
+from cells import hardware_line, provenance_line  # noqa: E402
 from peak import gemm_peak_in_a_child, peak_line  # noqa: E402
+import pairs  # noqa: E402
 from plots import plot  # noqa: E402
 from profiles import fail, load_profile, skip_reason  # noqa: E402
-from runs import Stop, command, execute, finished_rows, run_paths  # noqa: E402
+from runs import Stop, command, execute, finished_rows, relabel, run_paths  # noqa: E402
 from summary import summarise  # noqa: E402
-from tables import ladder_markdown, peak_table, table_markdown  # noqa: E402
+from tables import ladder_markdown, noise_line, peak_table, table_markdown  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 import common  # noqa: E402
@@ -68,22 +69,35 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
 
 
 def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, profile: str) -> pd.DataFrame:
-    """summary.csv, table.md, ladder.md and the plots and pages, from the runs (one row per run) and the matrix
-    (order, baselines, ladders); `env` is the machine's (env.json). Returns the summary."""
-    for key in ["status", "reason", "dataset", "epochs", "images_per_s"]:
+    """summary.csv, pairs.csv (each pair's ratio), table.md, ladder.md and the plots and pages, from the runs (one row
+    per run), the pairs the runs made (OUT/pairs.csv, written when the runs were planned; none in a folder older than
+    the pairs) and the matrix (order, ladders, comparisons); `env` is the machine's (env.json). Returns the summary."""
+    for key in ["status", "reason", "dataset", "epochs", "images_per_s", "job"]:
         if key not in runs:
             runs[key] = None
-    summary = summarise(runs, matrix)
+    try:
+        plan = pairs.read_plan(pd.read_csv(out / "pairs.csv"))
+    except (OSError, pd.errors.EmptyDataError, AttributeError, ValueError):
+        plan = []  # a folder from before the pairs: its tables show no ratio
+    runs = relabel(runs)  # labels an older commit's scripts got wrong, from each run's command line
+    ratios = pairs.pair_ratios(runs, plan)
+    self_pairs = [c for c in ratios if pairs.is_self_pair(c, matrix)]
+    floor = pairs.noise_floor([r for c in self_pairs for r in ratios[c]])
+    noise = {"floor": floor, "self_pairs": [(c.row, c.reference, ratios[c]) for c in self_pairs]}
+    summary = summarise(runs, matrix, ratios, floor)
     write_csv(summary, out / "summary.csv")
+    write_csv(pairs.plan_table(plan, runs), out / "pairs.csv")  # the plan again, each pair's ratio beside it
     repeats = sorted({run["repeats"] for run in matrix})
-    table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)")
+    table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)", noise, out)
     common.io.atomic_write_text(out / "table.md", table_md)
     ladders = ladder_markdown(summary, env)
     if ladders:
         common.io.atomic_write_text(
-            out / "ladder.md", f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{ladders}"
+            out / "ladder.md",
+            f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{provenance_line(out, env)}\n\n"
+            f"{noise_line(noise)}\n\n{ladders}",
         )
-    plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}")
+    plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}", floor)
     diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
     print(table_md)
     print(f"bench: tables, plots and the side-by-side pages are in {out} (open {out / 'index.html'})")
@@ -99,7 +113,15 @@ def main() -> None:
         "--tables-only: the profile the folder's env.json names)",
     )
     parser.add_argument("--out", type=Path, default=None, help="result folder (default: results/local/PROFILE)")
-    parser.add_argument("--repeats", type=int, default=None, help="runs per configuration (default: the profile's)")
+    parser.add_argument(
+        "--repeats", type=int, default=None, help="runs of each configuration in no comparison (default: the profile's)"
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=None,
+        help="interleaved rounds: pair ratios per comparison (default: the profile's `pairs`)",
+    )
     parser.add_argument("--matrix", type=Path, default=REPO / "bench" / "profiles.toml", help="the profiles (TOML)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the scripts")
     parser.add_argument(
@@ -134,6 +156,8 @@ def main() -> None:
         return
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be 1 or more")
+    if args.pairs is not None and args.pairs < 1:
+        parser.error("--pairs must be 1 or more")
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if args.tables_only and args.profile == "auto" and args.out and (args.out / "env.json").is_file():
@@ -149,6 +173,7 @@ def main() -> None:
     if args.repeats:
         for run in matrix:
             run["repeats"] = args.repeats
+    rounds = args.pairs or table.get("pairs", 1)
     bf16 = common.env.cpu_info()["bf16_instructions"]
     for run in matrix:
         if run.get("without_bf16") and not bf16:  # emulated bfloat16 is several times slower: run it shorter
@@ -183,24 +208,31 @@ def main() -> None:
     }
     print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
     common.io.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
-    jobs = [(run, k) for run in matrix for k in range(1, run["repeats"] + 1)]
-    rows = []
-    print(f"bench: profile {profile}, {len(matrix)} configurations, {len(jobs)} runs -> {out}", flush=True)
+    skipped = {run["name"]: reason for run in matrix if (reason := skip_reason(run, gpus, bf16))}
+    jobs, plan = pairs.plan(matrix, rounds, set(skipped))
+    write_csv(pairs.plan_table(plan), out / "pairs.csv")  # which runs pair up: the tables read it back
+    by_name, seen, rows = {run["name"]: run for run in matrix}, {}, []
+    rows += [{"config": name, "repeat": 1, "status": "skipped", "reason": reason} for name, reason in skipped.items()]
+    print(
+        f"bench: profile {profile}, {len(matrix)} configurations, {len(jobs)} runs ({len(plan)} pairs in {rounds} "
+        f"interleaved rounds) -> {out}",
+        flush=True,
+    )
     with Stop() as stop:  # from here on, Ctrl-C and SIGTERM stop the matrix at a safe point, never mid-write
-        for run, k in (bar := tqdm(jobs, unit="run", dynamic_ncols=True)):
+        for job in (bar := tqdm(jobs, unit="run", dynamic_ncols=True)):
             if stop.signal is not None:
                 break
+            run, k = by_name[job.config], seen.get(job.config, 0) + 1  # k: this row's k-th run
+            seen[job.config] = k
             bar.set_description(f"{run['name']} r{k}")
-            reason = skip_reason(run, gpus, bf16)
             previous = done.get((run["name"], k))
-            if reason:
-                row = {"config": run["name"], "repeat": k, "status": "skipped", "reason": reason}
-            elif previous and previous.get("command") == " ".join(
+            if previous and previous.get("command") == " ".join(
                 command(run, run_paths(run, k, out)[1], args.python, gpus)
             ):
                 row = previous  # --resume: this run already finished with the same command
             else:
                 row = execute(run, k, out, args.python, gpus, stop)
+            row.update(job=job.index, round=job.round)
             rows.append(row)
             write_csv(pd.DataFrame(rows), out / "runs.csv")  # after every run: an interruption keeps what finished
             bar.write(

@@ -120,3 +120,81 @@ def status_cell(r: dict) -> str:
 
 def wait_cell(r: dict) -> str:
     return fmt(r.get("data_wait_frac"), ".1f", 100) + (" %" if pd.notna(r.get("data_wait_frac")) else "")
+
+
+def pair_cell(r: dict, column: str, inverse: bool = False) -> str:
+    """A comparison's cell from the summary's `column` (and its _lo, _hi, _pairs, _verdict): "1.37× (1.33–1.42),
+    faster"; "1.37× (1 pair)" from one pair; "–" without any. `inverse`: 1 / the ratio (an ablation's "the change
+    buys"), its range and verdict turned round."""
+    median, lo, hi = (r.get(column + suffix) for suffix in ("", "_lo", "_hi"))
+    if median is None or pd.isna(median):
+        return "–"
+    judged = cell_text(r.get(column + "_verdict"))
+    if inverse:
+        median, lo, hi = 1 / median, 1 / hi, 1 / lo
+        judged = {"faster": "slower", "slower": "faster"}.get(judged, judged)
+    n = r.get(column + "_pairs")
+    spread = f" ({lo:.2f}–{hi:.2f})" if pd.notna(n) and n > 1 else " (1 pair)"
+    return f"{median:.2f}×{spread}" + (f", {judged}" if judged else "")
+
+
+def noise_line(noise: dict | None) -> str:
+    """The table header's line on the noise floor: what the self pairs (a configuration against a copy of itself)
+    measured, and what that makes a verdict."""
+    if not noise or noise.get("floor") is None:
+        return (
+            "Noise floor: not measured (no self pair ran): a verdict only says whether every pair lies on the same "
+            "side of 1.00×."
+        )
+    pairs = "; ".join(
+        f"{row} against {reference}: " + ", ".join(f"{r:.3f}" for r in ratios)
+        for row, reference, ratios in noise["self_pairs"]
+    )
+    floor = noise["floor"]
+    return (
+        f"Noise floor: ±{100 * floor:.1f} %, the farthest from 1.00× that a configuration measured against a copy of "
+        f"itself came ({pairs}). A comparison is **faster** or **slower** only when every one of its pair ratios lies "
+        f"beyond 1.00× ± {floor:.3f}, else **no measurable difference**, whatever its median says."
+    )
+
+
+def folder_commit(out, env: dict) -> tuple[str | None, bool | None, str]:
+    """(commit, dirty, where it is recorded) of the code that made the result folder `out`: its provenance.json's
+    commit when there is one (a correction, with its reason in its `note`: e.g. a GPU machine whose stale .git named
+    the wrong commit), else env.json's `git`."""
+    import json
+    from pathlib import Path
+
+    override = Path(out) / "provenance.json"
+    if override.is_file():
+        record = json.loads(override.read_text())
+        return record.get("commit"), record.get("dirty"), f"provenance.json ({record.get('note', '')})"
+    git = env.get("git") or {}
+    return git.get("commit"), git.get("dirty"), "env.json"
+
+
+def provenance_line(out, env: dict) -> str:
+    """Whether the scripts as they are now made the folder: its commit, whether that commit is in this repository's
+    history, and which files of src/ changed since (git diff), or that none did. One line for the table's header."""
+    import subprocess
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parent.parent
+    commit, dirty, where = folder_commit(out, env)
+    if not commit:
+        return "Provenance: no commit recorded: not comparable with the current scripts."
+
+    def git(*argv: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True)
+
+    if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
+        return f"Provenance: commit {commit[:10]} ({where}) is not in this repository's history."
+    changed = git("diff", "--name-only", commit, "HEAD", "--", "src/").stdout.split()
+    state = " with uncommitted changes" if dirty else ""
+    if not changed and not dirty:
+        return f"Provenance: made by the current scripts (commit {commit[:10]}, {where}; src/ unchanged since)."
+    files = ", ".join(Path(f).name for f in changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+    return (
+        f"Provenance: made by an older version of the scripts: commit {commit[:10]}{state} ({where}); src/ has "
+        f"changed since in {files or 'uncommitted files'}."
+    )

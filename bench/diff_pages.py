@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(REPO / "src"))
 
 from check_markers import Parsed, compare, declared_base, opcodes, pairs, parse, title, tree  # noqa: E402
+from tables import compared_cell  # noqa: E402
 
 import common  # noqa: E402
 
@@ -184,8 +185,9 @@ def technique(variant: Path) -> str:
 
 
 def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
-    """Per script name: its ok rows in the result folders' summary.csv, each with its folder, hardware and
-    speed-up, plus the peak memory of its baseline configuration (GiB), newest folder first."""
+    """Per script name: its ok rows in the result folders' summary.csv that were compared with a reference in
+    interleaved pairs, each with its folder, hardware and comparison (median, spread, verdict), plus the peak memory
+    of its reference configuration (GiB), newest folder first."""
     found: dict[str, list[dict]] = {}
     folders = []
     for folder in results:
@@ -200,21 +202,19 @@ def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
         hardware = f"{len(gpus)} × {gpus[0]}" if gpus else f"CPU, {env.get('cpu_count', '?')} cores"
         size = {"resnet50": 0, "resnet18": 1, "cnn": 2, "mlp": 3}
         for r in sorted(table.to_dict("records"), key=lambda r: size.get(r.get("model"), 4)):  # largest model first
-            if r.get("status") != "ok" or pd.isna(r.get("speedup")):
+            compared = compared_cell(r) if r.get("status") == "ok" else "–"
+            if compared == "–":  # only what interleaved pairs measured against a reference
                 continue
-            base = by_config.get(r.get("baseline"), {})
+            reference = by_config.get(r.get("rung_base") or r.get("ablation_of") or r.get("same_as"), {})
             found.setdefault(r["script"], []).append(
                 {
                     "folder": folder.resolve().relative_to(REPO) if folder.resolve().is_relative_to(REPO) else folder,
                     "hardware": hardware,
                     "config": r["config"],
-                    "baseline": r.get("baseline"),
                     "images_per_s": r.get("images_per_s"),
-                    "speedup": r.get("speedup"),
-                    "speedup_rung": r.get("speedup_rung"),
-                    "rung_base": r.get("rung_base") if isinstance(r.get("rung_base"), str) else "",
+                    "compared": compared,
                     "mem": _memory(r),
-                    "base_mem": _memory(base),
+                    "base_mem": _memory(reference),
                 }
             )
     return found
@@ -233,16 +233,11 @@ def measured_html(rows: list[dict]) -> str:
         return '<p class="muted">Not measured in the result folders given: run <code>bash run_all.sh</code>.</p>'
     items = []
     for r in rows:
-        speed = f"{r['speedup']:.2f}×" if pd.notna(r["speedup"]) else "–"
-        rung = (
-            f"; {r['speedup_rung']:.2f}× over its base rung <i>{html.escape(r['rung_base'])}</i>"
-            if r.get("rung_base") and pd.notna(r.get("speedup_rung"))
-            else ""
-        )
+        median, rest = r["compared"].split(" ", 1)
         items.append(
-            f"<li><b>{speed}</b> images/s of <i>{html.escape(str(r['baseline']))}</i>{rung} "
-            f"({float(r['images_per_s']):.1f} images/s), {html.escape(r['mem'])} "
-            f"(baseline {html.escape(r['base_mem'])}): <i>{html.escape(r['config'])}</i>, {html.escape(r['hardware'])}, "
+            f"<li><b>{html.escape(median)}</b> {html.escape(rest)} ({float(r['images_per_s']):.1f} images/s; interleaved "
+            f"pairs: median, min–max, verdict), {html.escape(r['mem'])} (its reference {html.escape(r['base_mem'])}): "
+            f"<i>{html.escape(r['config'])}</i>, {html.escape(r['hardware'])}, "
             f"<code>{html.escape(str(r['folder']))}</code></li>"
         )
     return "<ul>" + "".join(items) + "</ul>"
@@ -275,7 +270,7 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
         written.append(_write(out / page_name(variant), page(base, variant, rows)))
         effect = (
             "<br>".join(
-                f"{r['speedup']:.2f}× ({html.escape(r['config'])}, {html.escape(r['hardware'])}); "
+                f"{html.escape(r['compared'])} ({html.escape(r['config'])}, {html.escape(r['hardware'])}); "
                 f"{html.escape(r['mem'])} vs {html.escape(r['base_mem'])}"
                 for r in rows
             )

@@ -42,21 +42,38 @@ DATASHEET_PEAKS = {
 
 
 def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, float]:
-    """The device's dense matmul throughput, measured: TFLOP/s of `torch.matmul` on two square random matrices (side
-    8192 on CUDA, 2048 on CPU, 1024 for the 16-bit types on CPU; halved while one call takes over a tenth of
-    `seconds`, as emulated dtypes do), timed over `seconds` after two warm-up calls, per dtype: float32 (on CUDA with TF32
-    off), tf32 (CUDA: float32 inputs, TensorFloat-32 tensor cores), bfloat16 and float16 (on a CPU without native
-    support these run emulated and show it). A matmul of side n is 2 n^3 FLOPs. This is the ceiling a training
-    run's matmuls and convolutions can reach in that dtype on this machine (what cuBLAS or oneDNN/MKL achieve),
-    usually below the datasheet's peak. A few seconds in all."""
+    """The device's dense matmul throughput, measured: TFLOP/s of `torch.matmul` on two square random matrices, per
+    dtype: float32 (on CUDA with TF32 off), tf32 (CUDA: float32 inputs, TensorFloat-32 tensor cores), bfloat16 and
+    float16 (on a CPU without native support these run emulated and show it). The best of three sides (2048, 4096,
+    8192 on CUDA; 1024, 2048, 4096 on a CPU), each timed for a third of `seconds` after two warm-up calls, tried
+    smallest first: a side whose one call takes over a tenth of `seconds` ends the climb untimed (emulated dtypes,
+    slow CPUs), and a dtype that slow at the smallest side is timed at the largest smaller side (512, 256 ...) where
+    one call is quick enough. Why several sides: the
+    fastest one differs by machine and dtype (an AMX Xeon's bfloat16 ran 1.40 TFLOP/s at 1024 and 2.53 at 2048), so
+    one fixed side understates the peak and overstates every share of it. A matmul of side n is 2 n^3 FLOPs. This is
+    the ceiling a training run's matmuls and convolutions can reach in that dtype on this machine (what cuBLAS or
+    oneDNN/MKL achieve), usually below the datasheet's peak. A few seconds in all."""
     cuda = device.type == "cuda"
-    n = 8192 if cuda else 2048
+    sides = [2048, 4096, 8192] if cuda else [1024, 2048, 4096]
     peaks = {}
 
-    def matmul(a, b) -> None:  # one call, finished (CUDA queues it: wait for it)
+    def matmul(a, b) -> float:  # one call, finished (CUDA queues it: wait for it); its seconds
+        start = time.perf_counter()
         torch.matmul(a, b)
         if cuda:
             torch.cuda.synchronize(device)
+        return time.perf_counter() - start
+
+    def rate(side: int, dtype: torch.dtype, budget: float) -> float | None:  # TFLOP/s at this side, None if too slow
+        a, b = (torch.randn(side, side, device=device).to(dtype) for _ in range(2))
+        if matmul(a, b) > seconds / 10 and side > 128:
+            return None
+        matmul(a, b)  # a second warm-up call (handles, kernel choice, threads are ready)
+        calls, elapsed = 0, 0.0
+        while elapsed < budget or not calls:
+            elapsed += matmul(a, b)
+            calls += 1
+        return 2 * side**3 * calls / elapsed / 1e12
 
     tf32 = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -67,20 +84,16 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
             ("float16", torch.float16, False),
         ]:
             torch.backends.cuda.matmul.allow_tf32 = allow_tf32
-            side = n if cuda or dtype == torch.float32 else n // 2  # CPUs may emulate the 16-bit types: slow
-            while True:  # a smaller side while one call is slow (emulated)
-                a, b = (torch.randn(side, side, device=device).to(dtype) for _ in range(2))
-                start = time.perf_counter()
-                matmul(a, b)
-                if time.perf_counter() - start < seconds / 10 or side <= 128:
+            rates = []
+            for side in sides:  # growing: a side whose one call is slow stops the growth (and is not timed)
+                if (r := rate(side, dtype, seconds / len(sides))) is None:
                     break
+                rates.append(r)
+            side = sides[0] // 2
+            while not rates:  # slow at the smallest side already: halve until one call is quick enough
+                rates = [r] if (r := rate(side, dtype, seconds)) is not None else []
                 side //= 2
-            matmul(a, b)  # a second warm-up call at that side (handles, kernel choice, threads are ready)
-            calls, start = 0, time.perf_counter()
-            while (elapsed := time.perf_counter() - start) < seconds or not calls:
-                matmul(a, b)
-                calls += 1
-            peaks[name] = 2 * side**3 * calls / elapsed / 1e12
+            peaks[name] = max(rates)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     return peaks

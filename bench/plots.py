@@ -11,7 +11,7 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-from cells import cell_text, fmt, row_groups, sweep_groups, x_cell  # noqa: E402
+from cells import cell_text, fmt, pair_cell, row_groups, sweep_groups  # noqa: E402
 from profiles import KNOBS  # noqa: E402
 
 import common  # noqa: E402
@@ -25,8 +25,9 @@ def _save(fig, path: Path) -> None:
         plt.close(fig)
 
 
-def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> None:
-    """The four PNGs: images/s with speed-up labels, accuracy vs training time, peak memory, data-wait vs compute."""
+def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str, floor: float | None = None) -> None:
+    """The PNGs: images/s (labelled with × its base rung), accuracy vs training time, peak memory, data-wait vs
+    compute, the ladders (`plot_ladders`, against the noise floor `floor`) and the sweeps."""
     ok = summary[summary.status == "ok"].copy()
     labels = ok.config.tolist()
     height = 1 + 0.5 * max(len(ok), 1)
@@ -42,7 +43,8 @@ def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> No
         else None
     )
     bars = ax.barh(labels, ips, xerr=err, color="tab:blue", capsize=3)
-    ax.bar_label(bars, [fmt(s, ".2f") + "×" if pd.notna(s) else "" for s in ok.speedup], padding=4)
+    ax.bar_label(bars, [pair_cell(r, "speedup_rung").split(",")[0] if pd.notna(r.get("speedup_rung")) else ""
+                        for r in ok.to_dict("records")], padding=4, fontsize=7)  # fmt: skip
     ax.invert_yaxis()
     ax.set_xlabel("images/s (median, min–max)")
     ax.set_title(f"Throughput: {title}")
@@ -94,34 +96,55 @@ def plot(summary: pd.DataFrame, runs: pd.DataFrame, out: Path, title: str) -> No
     ax.set_title(f"Data-wait vs compute: {title}")
     ax.legend(fontsize=8)
     _save(fig, out / "data_wait.png")
-    plot_ladders(summary, out, title)
+    plot_ladders(summary, out, title, floor)
     plot_sweeps(summary, out, title)
 
 
-def plot_ladders(summary: pd.DataFrame, out: Path, title: str) -> None:
-    """ladder.png: one panel per ladder, images/s per rung, labelled with × its base rung and × the first rung; a
-    rung slower than its base in red, so that a technique that does not pay on this machine stands out."""
+def plot_ladders(summary: pd.DataFrame, out: Path, title: str, floor: float | None = None) -> None:
+    """ladder.png: one panel per ladder, each rung's speed-up over its base rung from the interleaved pairs (the bar:
+    the median; the error bar: min–max over the pairs), green when faster, red when slower, grey when the pairs show
+    no measurable difference (within the noise floor `floor`, shaded around 1.0); the label adds × the ladder's first
+    rung. A ladder measured before the pairs (no ratio) shows each rung's images/s instead, in grey, as single runs."""
     ladders = row_groups(summary, "ladder")
     if not ladders:
         return
+    colors = {"faster": "tab:green", "slower": "tab:red"}
     fig, axes = plt.subplots(len(ladders), 1, figsize=(10, 1.2 + 2.2 * len(ladders)), squeeze=False)
     for ax, (name, rungs) in zip(axes[:, 0], ladders, strict=True):
-        ips = pd.to_numeric(rungs.images_per_s, errors="coerce").fillna(0)
-        first = ips.iloc[0] or float("nan")
-        slower = [pd.notna(r.speedup_rung) and r.speedup_rung < 1 for r in rungs.itertuples()]  # than its base rung
-        colors = ["tab:red" if s else "tab:green" for s in slower]
-        bars = ax.barh([str(r.config)[:60] for r in rungs.itertuples()], ips, color=colors)
-        labels = [
-            f"{x_cell(r.speedup_rung)} base, {x_cell(v / first)} cumulative"
-            if v
-            else (cell_text(r.status) if r.status != "ok" else "not measured")
-            for r, v in zip(rungs.itertuples(), ips, strict=True)
+        ips = pd.to_numeric(rungs.images_per_s, errors="coerce")
+        names = [
+            f"{str(r.config)[:50]} ({fmt(v, ',.0f')} images/s)" for r, v in zip(rungs.itertuples(), ips, strict=True)
         ]
-        ax.bar_label(bars, labels, padding=4, fontsize=8)
+        median = pd.to_numeric(rungs.speedup_rung, errors="coerce")
+        if median.isna().all():  # no pairs: the single runs' images/s, no ratio
+            bars = ax.barh(names, ips.fillna(0), color="tab:gray")
+            ax.bar_label(bars, ["single run" if pd.notna(v) else cell_text(r.status) for r, v in
+                                zip(rungs.itertuples(), ips, strict=True)], padding=4, fontsize=8)  # fmt: skip
+            ax.set_xlabel("images/s (single runs, measured before interleaved pairs: no ratio)")
+        else:
+            lo = pd.to_numeric(rungs.speedup_rung_lo, errors="coerce")
+            hi = pd.to_numeric(rungs.speedup_rung_hi, errors="coerce")
+            color = [colors.get(cell_text(v), "tab:gray") for v in rungs.speedup_rung_verdict]
+            err = [(median - lo).fillna(0), (hi - median).fillna(0)]
+            bars = ax.barh(names, median.fillna(0), xerr=err, color=color, capsize=3)
+            labels = [
+                "the ladder's first rung" if i == 0 else (
+                    f"{pair_cell(r, 'speedup_rung')} · {pair_cell(r, 'speedup').split(',')[0]} the first rung"
+                    if pd.notna(m) else cell_text(r.get("status")) or "not measured")
+                for i, (r, m) in enumerate(zip(rungs.to_dict("records"), median, strict=True))
+            ]  # fmt: skip
+            ax.bar_label(bars, labels, padding=4, fontsize=7)
+            ax.axvline(1.0, color="black", lw=0.8)
+            if floor:
+                ax.axvspan(1 - floor, 1 + floor, color="tab:gray", alpha=0.15, lw=0)
+            ax.set_xlim(0, max(hi.max() if hi.notna().any() else 1, 1) * 1.9)
+            ax.set_xlabel(
+                "× its base rung: median of the interleaved pairs, min–max as error bars; grey: no measurable "
+                "difference" + (f" (noise floor ±{100 * floor:.1f} %, shaded)" if floor else "")
+            )
         ax.invert_yaxis()
+        ax.tick_params(axis="y", labelsize=8)
         ax.set_title(f"Ladder: {name}", fontsize=10)
-        ax.set_xlabel("images/s")
-        ax.set_xlim(0, max(ips.max(), 1) * 1.45)
     fig.suptitle(f"Speed-up ladder: {title}", fontsize=11)
     fig.tight_layout()
     _save(fig, out / "ladder.png")

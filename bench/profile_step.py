@@ -10,7 +10,7 @@ steps with `torch.profiler`. Inductor's generated kernels are named in the table
 enable_kernel_profile` on a CPU; Triton kernels on a GPU carry their fused ops' names), so the table says which fused
 kernels cost more or less than the eager ops they replace (that naming records each kernel call: the compiled
 images/s carries this small cost too). docs/techniques/train_compile.md and the README's CPU ladder quote its logs
-(results/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/).
+(results/archive/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/).
 """
 
 import argparse

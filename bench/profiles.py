@@ -17,10 +17,17 @@ def fail(message: str) -> None:
     raise SystemExit(2)
 
 
-PROFILE_KEYS = {"repeats", "timeout_s", "args", "gemm_seconds", "runs"}  # what profiles.toml's header comment documents
+PROFILE_KEYS = {
+    "repeats",
+    "pairs",
+    "timeout_s",
+    "args",
+    "gemm_seconds",
+    "runs",
+}  # what profiles.toml's header comment documents
 RUN_KEYS = {
     "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
-    "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob",
+    "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob", "same_as",
 }  # fmt: skip
 
 
@@ -48,6 +55,9 @@ def load_profile(matrix: Path, profile: str) -> dict:
     if not runs or None in names or len(set(names)) != len(names):
         fail(f"{where} needs runs, each with a unique name")
     _check_values(table, where)
+    if "pairs" in table and not (isinstance(table["pairs"], int) and not isinstance(table["pairs"], bool)
+                                 and table["pairs"] >= 0):  # fmt: skip
+        fail(f"{where}: pairs must be a whole number, 0 or more (0: no interleaved pairs), got {table['pairs']!r}")
     for run in runs:
         at = f"run {run['name']!r} of {where}"
         _known_keys_only(run, RUN_KEYS, at)
@@ -57,7 +67,7 @@ def load_profile(matrix: Path, profile: str) -> dict:
             fail(f'{at}: launcher must be "python" or "torchrun", got {run["launcher"]!r}')
         if "nproc" in run and run["nproc"] != "gpus" and not (isinstance(run["nproc"], int) and run["nproc"] > 0):
             fail(f'{at}: nproc must be a positive number or "gpus", got {run["nproc"]!r}')
-        for key in ("baseline", "rung_base", "ceiling", "ablation_of"):
+        for key in ("baseline", "rung_base", "ceiling", "ablation_of", "same_as"):
             if key in run and run[key] not in names:
                 fail(f"{at}: {key} {run[key]!r} is not the name of a run of the profile")
         if name_list(run.get("ladder", [])) is None:

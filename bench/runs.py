@@ -53,6 +53,8 @@ RUN_FIELDS = [
     "recompiled_steps",
     "params",
     "params_per_rank",
+    "bubble_measured",
+    "bubble_theory",
     "test_acc",
     "time_to_target_s",
     "train_s",
@@ -234,9 +236,26 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
         row.update({key: record.get(key) for key in RUN_FIELDS}, status=record.get("status", "ok"), reason="")
         resolved = record.get("args") or {}  # the script's flags, every one with its value
         row["lr"] = resolved.get("lr")  # a batch-size sweep scales it: the table shows it
+        if isinstance(row.get("bubble_measured"), list):  # per pipeline stage: their mean idle share of a step
+            stages = [b for b in row["bubble_measured"] if b is not None]
+            row["bubble_measured"] = sum(stages) / len(stages) if stages else None
         if row.get("workers") is None:  # the loaders report their workers; the training scripts have the flag
             row["workers"] = resolved.get("workers")
         if record.get("images_per_s") is None:
             row["reason"] = record.get("images_per_s_note") or "images/s not measured"
         row["epochs"] = json.dumps(record.get("epochs", []))
     return row
+
+
+def relabel(runs: pd.DataFrame) -> pd.DataFrame:
+    """Labels that the scripts of an older commit got wrong, corrected from each run's own command line (runs.csv's
+    `command`, the first line of its log), never by hand: before the loaders said so, a loader row run with
+    --channels-last reported its precision without "+ channels_last". Returns `runs` with `precision` corrected."""
+    if "command" not in runs or "precision" not in runs:
+        return runs
+    runs = runs.copy()
+    for i, (command_line, precision) in enumerate(zip(runs.command, runs.precision, strict=True)):
+        words = str(command_line).split()
+        if "--channels-last" in words and isinstance(precision, str) and "channels_last" not in precision:
+            runs.loc[runs.index[i], "precision"] = precision + " + channels_last"
+    return runs

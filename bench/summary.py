@@ -1,11 +1,12 @@
-"""From runs to configurations: one row each with medians over its runs, its ratios to the rows it is measured
-against, and what limited it."""
+"""From runs to configurations: one row each with medians over its runs, its comparisons (the interleaved pairs'
+ratios, spread and verdict) and what limited it."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
+from pairs import Comparison, spread, verdict
 from profiles import name_list
 from runs import CONFIG_FIELDS, RUN_FIELDS
 
@@ -20,8 +21,15 @@ INPUT_BOUND = 0.25  # data-wait fraction from which a run counts as limited by i
 BELOW_CEILING = 0.9  # share of its synthetic ceiling under which a run is limited by its input's cost on the host
 
 
-def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
-    """One row per configuration, in matrix order: medians over its ok runs (min-max for images/s) and speed-up."""
+def summarise(
+    runs: pd.DataFrame,
+    matrix: list[dict],
+    ratios: dict[Comparison, list[float]] | None = None,
+    floor: float | None = None,
+) -> pd.DataFrame:
+    """One row per configuration, in matrix order: medians over its ok runs (min-max for images/s) and, from the
+    interleaved pairs' `ratios` (pairs.pair_ratios), each comparison's median ratio, spread and verdict against the
+    noise floor `floor` (`add_comparisons`). No ratio comes from single runs at different times."""
     rows = []
     for run in matrix:
         mine = runs[runs.config == run["name"]]
@@ -35,6 +43,7 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
             # a row may be a rung of several ladders (a point of several sweeps): the names joined by " | "
             **{key: " | ".join(name_list(run.get(key, [])) or []) for key in ("ladder", "sweep", "knob")},
             "rung_base": run.get("rung_base", ""),
+            "same_as": run.get("same_as", ""),
             "ceiling": run.get("ceiling", ""),
             "ablation_of": run.get("ablation_of", ""),
             "memory": run.get("memory", ""),
@@ -62,20 +71,7 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
     summary = pd.DataFrame(rows)
     if "images_per_s" not in summary:
         summary["images_per_s"] = None
-    speed = dict(zip(summary.config, pd.to_numeric(summary.images_per_s, errors="coerce"), strict=True))
-    # images/s over another configuration's: the baseline (speed-up), the rung's base (its lesson), its ceiling,
-    # and for an ablation the whole configuration it leaves one change out of
-    ratios = (
-        ("speedup", "baseline"),
-        ("speedup_rung", "rung_base"),
-        ("of_ceiling", "ceiling"),
-        ("of_whole", "ablation_of"),
-    )
-    for column, other in ratios:
-        summary[column] = [
-            speed.get(c, float("nan")) / speed[b] if b in speed else None
-            for c, b in zip(summary.config, summary[other], strict=True)
-        ]
+    add_comparisons(summary, ratios or {}, floor)
     summary["limited_by"] = [
         limited_by(w, c)
         for w, c in zip(
@@ -85,6 +81,55 @@ def summarise(runs: pd.DataFrame, matrix: list[dict]) -> pd.DataFrame:
         )
     ]
     return summary
+
+
+# The summary's columns for each kind of comparison (pairs.KINDS): the median pair ratio, then `_lo`, `_hi` (the
+# min-max over the pairs), `_pairs` (how many) and `_verdict`.
+COLUMNS = {
+    "same_as": "x_self",
+    "rung_base": "speedup_rung",
+    "ablation_of": "of_whole",
+    "ceiling": "of_ceiling",
+    "memory": "x_memory",
+    "sweep": "x_sweep",
+}
+
+
+def add_comparisons(summary: pd.DataFrame, ratios: dict[Comparison, list[float]], floor: float | None) -> None:
+    """Fill in `summary`'s comparison columns from each comparison's pair ratios (`ratios`), with verdicts against the
+    noise floor `floor`; and the chains' products: `speedup`, a ladder rung over the ladder's first rung, and
+    `x_sweep_first`, a sweep point over the sweep's first point, each the product of the links' ratios down the chain
+    (median x median ..., its range the product of the links' ranges: a bound, as the links' pairs ran at different
+    times; `_pairs` the fewest pairs of a link)."""
+    for column in [*COLUMNS.values(), "speedup", "x_sweep_first"]:
+        for suffix in ("", "_lo", "_hi", "_pairs", "_verdict"):
+            summary[column + suffix] = None
+    index = {name: i for i, name in enumerate(summary.config)}
+    links: dict[str, dict] = {"rung_base": {}, "sweep": {}}
+    for comparison, values in ratios.items():
+        if comparison.row not in index:
+            continue
+        column, s = COLUMNS[comparison.kind], spread(values)
+        if s is None:
+            continue
+        i = index[comparison.row]
+        summary.loc[i, [column, f"{column}_lo", f"{column}_hi"]] = s
+        summary.loc[i, f"{column}_pairs"] = len(values)
+        summary.loc[i, f"{column}_verdict"] = verdict(values, floor)
+        if comparison.kind in links:
+            links[comparison.kind][comparison.row] = (comparison.reference, s, len(values))
+    for kind, column in (("rung_base", "speedup"), ("sweep", "x_sweep_first")):
+        for name in summary.config:  # the chain of links down to its first row
+            product, seen, fewest, at = (1.0, 1.0, 1.0), set(), None, name
+            while at in links[kind] and at not in seen:
+                seen.add(at)
+                at, (median, lo, hi), n = links[kind][at]
+                product, fewest = (product[0] * median, product[1] * lo, product[2] * hi), min(n, fewest or n)
+            if seen:
+                i = index[name]
+                summary.loc[i, [column, f"{column}_lo", f"{column}_hi"]] = product
+                summary.loc[i, f"{column}_pairs"] = fewest
+                summary.loc[i, f"{column}_verdict"] = verdict([product[1], product[2]], floor)
 
 
 def limited_by(data_wait: float, of_ceiling: float | None = None) -> str:

@@ -15,7 +15,10 @@ from cells import (
     fmt,
     hardware_line,
     ips_cell,
+    noise_line,
+    pair_cell,
     peak_cells,
+    provenance_line,
     ratio_of,
     row_groups,
     status_cell,
@@ -28,19 +31,33 @@ from profiles import KNOBS
 from summary import BELOW_CEILING, INPUT_BOUND
 
 
-def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str) -> str:
-    """table.md: hardware, versions and commit in the header, then the ladder(s), the training table and the
-    input-pipeline table."""
+def markdown(table: pd.DataFrame) -> str:
+    """A DataFrame of formatted cells as a Markdown table, each cell as written: tabulate would otherwise re-parse
+    "6.0" as a number and print "6"."""
+    return table.to_markdown(index=False, disable_numparse=True)
+
+
+def table_markdown(
+    summary: pd.DataFrame, env: dict, profile: str, repeats: str, noise: dict | None = None, out=None
+) -> str:
+    """table.md: hardware, versions, commit and the noise floor (`noise`: the self pairs' ratios and the floor they
+    give, see pairs.noise_floor) in the header, then the ladder(s), the training table, the memory, sweep, ablation
+    and input-pipeline tables."""
     is_loader = (
         summary.script.astype(str).str.startswith("loader")
         | summary.get("loader", pd.Series(index=summary.index, dtype=object)).notna().to_numpy()
     )
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     header = (
-        f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n"
-        f"images/s: global (summed over processes), steady state (warm-up steps excluded), median over {repeats} "
-        '(min–max in brackets when repeated); "not measured" when a run had no step after its warm-up. Speed-up: '
-        "median images/s over the baseline configuration's. Limited by: input when the steps waited for data "
+        f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n{provenance_line(out, env)}\n\n"
+        f"{noise_line(noise)}\n\n"
+        "images/s: global (summed over processes), steady state (warm-up steps excluded), median over the row's runs "
+        '(min–max in brackets when it ran more than once); "not measured" when a run had no step after its warm-up. '
+        "Ratios (× its base, × the first rung, of its ceiling, × the whole, × the first row or point) come from "
+        "interleaved pairs: the two rows ran next to each other, in alternating order (A B, then B A), and each pair "
+        "gave one ratio; a cell reads median× (min–max over the pairs), verdict. × the first rung multiplies the "
+        "links of the ladder down to its first rung (its range: the product of theirs). Rows in no comparison ran "
+        f"{repeats}, apart. Limited by: input when the steps waited for data "
         f"{100 * INPUT_BOUND:.0f} % of the time or more; input (below ceiling) when they waited less but the row reached "
         f"under {100 * BELOW_CEILING:.0f} % of its ceiling (the same model on a synthetic batch already on the "
         "device): decoding takes the CPU time training needs, which data-wait does not show; else compute. "
@@ -78,34 +95,31 @@ def table_markdown(summary: pd.DataFrame, env: dict, profile: str, repeats: str)
 
 def ladder_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
     """One table per ladder of the profile (rows with `ladder = NAME`, in matrix order): each rung's images/s, its
-    speed-up over its base rung (the lesson of that step) and over the ladder's first rung (cumulative), TFLOP/s and
-    share of the peak (`env`'s), what torch.compile compiled, peak memory, test accuracy and time to the target."""
+    speed-up over its base rung (the lesson of that step, from interleaved pairs, with spread and verdict) and over
+    the ladder's first rung (the product of the links), TFLOP/s and share of the peak (`env`'s), what torch.compile
+    compiled, peak memory and, for a row run to a target accuracy, the time to it."""
     text = ""
     for name, rungs in row_groups(summary, "ladder"):
         rows = []
         first = rungs.iloc[0]
         for r in rungs.to_dict("records"):
             on_cpu = r.get("device") == "cpu"
-            cumulative = ratio_of(r.get("images_per_s"), first.get("images_per_s"))
             rows.append(
                 {
                     "rung": r["config"],
                     "technique": r.get("technique") or "–",
                     "precision": r.get("precision") or "–",
                     "images/s": ips_cell(r),
-                    "× its base": x_cell(r.get("speedup_rung"))
+                    "× its base": pair_cell(r, "speedup_rung")
                     + (f" ({cell_text(r.get('rung_base'))})" if cell_text(r.get("rung_base")) else ""),
-                    f"× {first['script']}": x_cell(cumulative),
-                    "of its ceiling": fmt(r.get("of_ceiling"), ".0f", 100) + " %"
-                    if pd.notna(r.get("of_ceiling"))
-                    else "–",
+                    f"× {first['script']}": pair_cell(r, "speedup") if r["config"] != first["config"] else "1.00×",
+                    "of its ceiling": pair_cell(r, "of_ceiling"),
                     "limited by": r.get("limited_by") or "–",
                     **peak_cells(r, env or {}),
                     "compiled": compiled_cell(r),
                     "peak mem (GiB)": ("host " + fmt(r.get("peak_host_rss_gib"), ".2f"))
                     if on_cpu
                     else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
-                    "test acc": acc_cell(r),
                     "time to target (s)": fmt(r.get("time_to_target_s"), ".1f"),
                     "incl. compile (s)": fmt(r.get("time_to_target_incl_compile_s"), ".1f"),
                     "status": status_cell(r),
@@ -113,7 +127,7 @@ def ladder_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             )
         table = pd.DataFrame(rows)
         table = table[[c for c in table.columns if c == "rung" or (table[c] != "–").any()]]  # drop empty columns
-        text += f"## Ladder: {name}\n\n" + table.to_markdown(index=False) + "\n\n"
+        text += f"## Ladder: {name}\n\n" + markdown(table) + "\n\n"
     return text
 
 
@@ -123,12 +137,13 @@ def sweep_markdown(summary: pd.DataFrame) -> str:
     accuracy."""
     text = ""
     for name, rows, knob in sweep_groups(summary):
-        first = rows.iloc[0]
+        first = next(c for c in summary.config if c in set(rows.config))  # the first point in matrix order
         table = [
             {
                 KNOBS.get(knob, knob): fmt(r.get(knob), ".6g"),
                 "images/s": ips_cell(r),
-                "× the first": x_cell(ratio_of(r.get("images_per_s"), first.get("images_per_s"))),
+                "× the previous point": pair_cell(r, "x_sweep"),
+                "× the first point": pair_cell(r, "x_sweep_first").split(",")[0] if r["config"] != first else "1.00×",
                 "data-wait": wait_cell(r),
                 "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
                 "lr": fmt(r.get("lr"), ".3g"),
@@ -139,7 +154,10 @@ def sweep_markdown(summary: pd.DataFrame) -> str:
         ]
         text += (
             f"## Sweep: {name}\n\nOne knob varied, everything else fixed; images/s against it, with data-wait beside "
-            "it (sweeps.png plots both).\n\n" + pd.DataFrame(table).to_markdown(index=False) + "\n\n"
+            "it (sweeps.png plots both); × the previous point: images/s over the point before it in the matrix, from "
+            f"interleaved pairs; × the first point ({first}): the product of those links.\n\n"
+            + markdown(pd.DataFrame(table))
+            + "\n\n"
         )
     return text
 
@@ -168,16 +186,30 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                     if on_cpu
                     else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                     "images/s": ips_cell(r),
-                    "images/s ×": x_cell(ratio_of(r.get("images_per_s"), first.get("images_per_s"))),
+                    "images/s ×": pair_cell(r, "x_memory") if r["config"] != first["config"] else "1.00×",
                     **peak_cells(r, env or {}),
                     "status": status_cell(r),
                 }
             )
+            if "bubble_theory" in rows and rows["bubble_theory"].notna().any():  # a pipeline row: its idle share
+                table[-1]["pipeline bubble (measured / theory)"] = (
+                    f"{fmt(r.get('bubble_measured'), '.0%')} / {fmt(r.get('bubble_theory'), '.0%')}"
+                    if pd.notna(r.get("bubble_theory"))
+                    else "–"
+                )
         text += (
             f"## Memory: {name}\n\nActivations: the memory of the tensors autograd kept for backward in one "
             "training step, per process (measured with saved_tensors_hooks on the first step); params per process: "
-            "what one process holds (FSDP shards them); × the first row's.\n\n"
-            + pd.DataFrame(table).to_markdown(index=False)
+            "what one process holds (FSDP shards them, TP splits every block, a pipeline stage holds its blocks); "
+            "× the first row's."
+            + (
+                " A pipeline's bubble: the share of a step its stages sat idle (measured by hooks, the mean over the "
+                "stages) against the theory's (p - 1) / (m + p - 1)."
+                if "pipeline bubble (measured / theory)" in table[-1]
+                else ""
+            )
+            + "\n\n"
+            + markdown(pd.DataFrame(table))
             + "\n\n"
         )
     return text
@@ -202,11 +234,11 @@ def _loader_table(summary: pd.DataFrame, env: dict | None = None) -> str:
                 "batch": fmt(r.get("global_batch"), ".0f"),
                 "precision": "–" if loader_only else r.get("precision") or "–",
                 "images/s": ips_cell(r),
-                "speed-up": x_cell(r.get("speedup")),
+                "× its base": pair_cell(r, "speedup_rung"),
                 "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
                 "data-wait": wait_cell(r),
                 "limited by": r.get("limited_by") or "–",
-                "of its ceiling": fmt(r.get("of_ceiling"), ".0%"),
+                "of its ceiling": pair_cell(r, "of_ceiling"),
                 **peak_cells(r, env or {}),
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                 "host RSS (GiB)": fmt(r.get("peak_host_rss_gib"), ".2f"),
@@ -214,7 +246,7 @@ def _loader_table(summary: pd.DataFrame, env: dict | None = None) -> str:
                 "status": status_cell(r),
             }
         )
-    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+    return markdown(pd.DataFrame(rows)) + "\n"
 
 
 def _ablation_table(summary: pd.DataFrame) -> str:
@@ -224,8 +256,8 @@ def _ablation_table(summary: pd.DataFrame) -> str:
             "configuration": r["config"],
             "one change left out of": cell_text(r.get("ablation_of")),
             "images/s": ips_cell(r),
-            "× the whole": x_cell(r.get("of_whole")),
-            "the change buys": x_cell(1 / r["of_whole"]) if pd.notna(r.get("of_whole")) and r["of_whole"] else "–",
+            "× the whole": pair_cell(r, "of_whole"),
+            "the change buys": pair_cell(r, "of_whole", inverse=True),
             "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
             "data-wait": wait_cell(r),
             "test acc": acc_cell(r),
@@ -233,7 +265,7 @@ def _ablation_table(summary: pd.DataFrame) -> str:
         }
         for r in summary.to_dict("records")
     ]
-    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+    return markdown(pd.DataFrame(rows)) + "\n"
 
 
 def _training_table(summary: pd.DataFrame, env: dict) -> str:
@@ -253,7 +285,7 @@ def _training_table(summary: pd.DataFrame, env: dict) -> str:
                 "global batch": fmt(r.get("global_batch"), ".0f"),
                 "precision": r.get("precision") or "–",
                 "images/s": ips_cell(r),
-                "speed-up": x_cell(r.get("speedup")),
+                "compared": compared_cell(r),
                 "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
                 "data-wait": wait_cell(r),
                 "limited by": r.get("limited_by") or "–",
@@ -270,7 +302,7 @@ def _training_table(summary: pd.DataFrame, env: dict) -> str:
                 "status": status_cell(r),
             }
         )
-    return pd.DataFrame(rows).to_markdown(index=False) + "\n"
+    return markdown(pd.DataFrame(rows)) + "\n"
 
 
 def peak_table(out: Path) -> str:
@@ -324,6 +356,21 @@ def peak_table(out: Path) -> str:
         + (f"the GPU's dense peak in that dtype ({sheet[1]})" if sheet else "a datasheet (none known for this device)")
         + ". A dtype: amp float16 / bfloat16 rows against the 16-bit tensor-core peak; fp32 rows with TF32 "
         "convolutions against TF32 (the MLP and ViT, whose matmuls stay float32, against FP32).\n\n"
-        + pd.DataFrame(rows).to_markdown(index=False)
+        + markdown(pd.DataFrame(rows))
         + "\n"
     )
+
+
+def compared_cell(r: dict) -> str:
+    """A training row's comparison for the training table: over its rung's base, else the whole configuration it
+    leaves a change out of, its memory table's or sweep's first row; "–" when it was in no comparison."""
+    for column, key in (("x_self", "same_as"), ("speedup_rung", "rung_base"), ("of_whole", "ablation_of"),
+                        ("x_memory", "memory"), ("x_sweep", "sweep")):  # fmt: skip
+        if pd.notna(r.get(column)):
+            what = (
+                cell_text(r.get(key))
+                if key in ("same_as", "rung_base", "ablation_of")
+                else f"its {'memory table' if key == 'memory' else 'sweep'}'s {'first row' if key == 'memory' else 'previous point'}"
+            )
+            return f"{pair_cell(r, column)} over {what}"
+    return "–"

@@ -16,7 +16,7 @@ from `torch._dynamo.utils.counters`) and its step kept out of images/s, so the w
 
 On a CPU it pays only where eager mode's time goes to small elementwise ops and dtype casts, and this is measurable:
 `python bench/profile_step.py` profiles this rung's step eagerly and compiled (2-core EPYC, torch 2.15, logs in
-results/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/). For the small ViT in bf16 compile fuses autocast's
+results/archive/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/). For the small ViT in bf16 compile fuses autocast's
 casts (`aten::copy_` 371 ms per 10 steps eager, 52 ms compiled) and GELU: 1.14x. For the small CNN it loses (0.79x):
 the convolutions stay oneDNN calls either way, and what Inductor fuses around them (batch norm, max-pool, ReLU and
 autocast's casts, forward and backward) takes 197 ms per 10 steps in its generated C++ kernels (with the

@@ -54,18 +54,15 @@ MUTATIONS = [
     ("train_FSDP.py", "every rank trains on rank 0's batch (the same data everywhere)", "src/train_FSDP.py",
      "common.synthetic_data(args, device, seed=rank)", "common.synthetic_data(args, device, seed=0)",
      EQ + "test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit"),
-    ("train_FSDP.py", "the gradients summed over the ranks, not averaged", "src/train_FSDP.py",
-     "fully_shard(model, mesh=mesh, mp_policy=root_policy)  # the root",
-     "fully_shard(model, mesh=mesh, mp_policy=root_policy).set_gradient_divide_factor(1.0)  # the root",
+    ("train_FSDP.py", "the loss scaled by the world size: gradients summed over the ranks, not averaged",
+     "src/train_FSDP.py",
+     "        loss = criterion(logits, labels)\n", "        loss = criterion(logits, labels) * world_size\n",
      EQ + "test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit"),
     ("train_FSDP.py", "a mid-epoch resume that skips one batch too many", "src/train_FSDP.py",
      "    done = max(0, step - epoch * len(train_loader))", "    done = max(0, step - epoch * len(train_loader)) + 1",
      EQ + "test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit"),
     ("train_amp.py", "unscale_ removed before clipping: the scaled gradients are clipped", "src/train_amp.py",
      "            scaler.unscale_(optimizer)  # new #", "            pass  # new #",
-     EQ + "test_amp_float16_with_gradscaler_clips_the_true_gradients_of_train_py"),
-    ("train_amp.py", "scaler.update() left out: the loss scale never adapts", "src/train_amp.py",
-     "        scaler.update()  # new #", "        pass  # new #",
      EQ + "test_amp_float16_with_gradscaler_clips_the_true_gradients_of_train_py"),
     ("train_amp.py", "autocast that wraps nothing (forward and loss dedented out of it): float32", "src/train_amp.py",
      "            logits = model(images)\n            loss = criterion(logits, labels)\n",
@@ -98,6 +95,25 @@ MUTATIONS = [
     ("train_model_parallel.py", "the cut off by one block: the second stage skips a block", "src/train_model_parallel.py",
      "nn.Sequential(*blocks[cut:]).to(devices[1])", "nn.Sequential(*blocks[cut + 1 :]).to(devices[1])",
      EQ + "test_model_parallel_pipeline_computes_the_unsplit_model_s_logits_and_gradients"),
+    ("train_TP.py", "a missing all-reduce in the row-wise layers: each rank keeps its partial sum", "src/train_TP.py",
+     "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # new #\n",
+     "from torch.distributed.tensor import Partial\nfrom torch.distributed.tensor.parallel import ColwiseParallel, "
+     "parallelize_module\nfrom torch.distributed.tensor.parallel import RowwiseParallel as Rowwise\n\n\n"
+     "def RowwiseParallel():  # the output left as partial sums: no all-reduce\n"
+     "    return Rowwise(output_layouts=Partial())\n",
+     EQ + "test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_of_every_block"),
+    ("train_TP.py", "the heads read as all 4 on each rank's half of q, k, v (view(n, t, heads, -1)): 4 heads of 16",
+     "src/common/vit.py",
+     "proj(x).view(n, t, -1, self.head_dim)", "proj(x).view(n, t, 4, -1)",
+     EQ + "test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_of_every_block"),
+    ("train_pipeline.py", "the micro-batch losses not scaled: gradients summed over the 4 micro-batches",
+     "src/train_pipeline.py",
+     "loss_fn=criterion, scale_grads=True)", "loss_fn=criterion, scale_grads=False)",
+     EQ + "test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_their_bubble[gpipe-0]"),
+    ("train_pipeline.py", "gradients clipped by each stage's own norm (no all-reduce of the squares)",
+     "src/train_pipeline.py",
+     "            dist.all_reduce(square)\n", "            pass\n",
+     EQ + "test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_their_bubble[1f1b-1.0]"),
     ("loader_DALI.py", "DALI's per-epoch shuffle off: every epoch the first one's order", "src/loader_DALI.py",
      "        shuffle_after_epoch=training,", "        shuffle_after_epoch=False,",
      EQ + "test_every_epoch_is_a_fresh_permutation_of_the_files[src/loader_DALI.py]"),
@@ -168,6 +184,7 @@ def main() -> None:
     import pandas as pd  # here: --list and the checks need none of it
 
     rows, log, started = [], [], datetime.now(timezone.utc)
+    state, env = common.env.git_state(), common.env.environment()  # the code copied below: what the table is of
     with tempfile.TemporaryDirectory(prefix="mutations-") as scratch:
         root = copy_of_the_project(Path(scratch))
         controls = {}
@@ -188,7 +205,9 @@ def main() -> None:
                 verdict += " (the test fails without the bug too)"
             elif outcome == "error":
                 verdict += " (the test run did not finish: see the log)"
-            rows.append({"lesson": lesson, "bug": bug, "test": test.removeprefix("tests/"), "caught": verdict,
+            how = why.splitlines()[0].removeprefix("E").strip()[:90] if outcome == "failed" else ""
+            rows.append({"lesson": lesson, "bug": bug, "test": test.removeprefix("tests/test_equivalence.py::"),
+                         "caught": verdict, "how (the test's first failure line)": how,
                          "seconds": round(seconds)})  # fmt: skip
             log.append(f"== {lesson}: {bug}\n-- {old.strip()}\n++ {new.strip()}\n{test}: {outcome} in {seconds:.0f} s\n"
                        f"{why}\n")  # fmt: skip
@@ -197,8 +216,8 @@ def main() -> None:
     caught = sum(r["caught"] == "caught" for r in rows)
     text = (
         f"# Mutation table: {caught} of {len(rows)} bugs caught\n\n"
-        f"`python tests/mutations.py`, {started:%Y-%m-%d %H:%M} UTC, commit {common.env.git_state()['commit']}"
-        f"{' (dirty)' if common.env.git_state()['dirty'] else ''}. Each row: one realistic bug applied to a copy of the "
+        f"`python tests/mutations.py`, {started:%Y-%m-%d %H:%M} UTC, commit {state['commit']}"
+        f"{' (with uncommitted changes)' if state['dirty'] else ''}. Each row: one realistic bug applied to a copy of the "
         "project, and the test that must catch it, run there; caught = the test passes on the copy without the bug "
         "and fails with it. The log has each bug's diff and the test's failure.\n\n" + table.to_markdown(index=False)
     )
@@ -206,7 +225,7 @@ def main() -> None:
     if args.out is not None:
         common.io.atomic_write_text(args.out / "table.md", text + "\n")
         common.io.atomic_write_text(args.out / "log.txt", "\n".join(log))
-        common.io.atomic_write_text(args.out / "env.json", json.dumps(common.env.environment(), indent=2) + "\n")
+        common.io.atomic_write_text(args.out / "env.json", json.dumps(env, indent=2) + "\n")
     raise SystemExit(0 if caught == len(rows) else 1)
 
 

@@ -11,8 +11,17 @@ import common
 
 def _args(**flags):
     return argparse.Namespace(
-        **{"model": "mlp", "dataset": "fashion-mnist", "image_size": None, "seed": 0, "batch_size": 64, "epochs": 1,
-           "max_steps": None, "lr": 0.1, **flags}
+        **{
+            "model": "mlp",
+            "dataset": "fashion-mnist",
+            "image_size": None,
+            "seed": 0,
+            "batch_size": 64,
+            "epochs": 1,
+            "max_steps": None,
+            "lr": 0.1,
+            **flags,
+        }
     )
 
 

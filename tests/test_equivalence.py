@@ -571,3 +571,98 @@ def test_every_epoch_is_a_fresh_permutation_of_the_files(script, one_file_per_cl
     correlation = position_correlation(first, second)
     print(f"{script}: correlation of the files' positions in two consecutive epochs {correlation:.3f}")
     assert abs(correlation) < 0.1
+
+
+# -- Tensor and pipeline parallelism: train_TP.py and train_pipeline.py against train.py -------------------------
+
+# The small ViT (4 heads, 4 blocks, 2 + 2 under the pipeline's cut) on 512 Fashion-MNIST images, batch 64: 8 steps at
+# the ViT's defaults (lr 2e-3, gradients clipped to norm 1.0).
+SPLIT = ["--model", "vit", "--subset", "512", "--batch-size", "64", "--epochs", "1"]
+
+
+@pytest.fixture(scope="module")
+def unsplit(tmp_path_factory):
+    """train.py on SPLIT's images, by --clip-grad-norm ("1.0": the ViT's default; "0": off): what both splits of the
+    model must train."""
+    runs = {}
+
+    def get(clip: str) -> dict:
+        if clip not in runs:
+            runs[clip] = train(tmp_path_factory.mktemp("unsplit"), "src/train.py", *SPLIT, "--clip-grad-norm", clip)
+        return runs[clip]
+
+    return get
+
+
+def named_first_moments(state: dict) -> list[torch.Tensor]:
+    """AdamW's exp_avg from a full optimizer state dict keyed by parameter name, in the model's parameter order."""
+    return [state["state"][name]["exp_avg"] for name, _ in common.build_model("vit", 1, 28).named_parameters()]
+
+
+def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_of_every_block(unsplit, tmp_path):
+    """train_TP.py on 2 gloo ranks (each block's q, k, v and fc1 split by output features, out and fc2 by input
+    features, 2 heads per rank) vs train.py, the same 8 batches of 64 on both ranks. Compared: AdamW's first moments
+    (gathered whole from last.pt's full optimizer state: the gradients, clipped to norm 1.0 over all shards), every
+    weight after the 8 steps (the full model rank 0 gathered into last.pt), and the epoch's train and test loss.
+    Tolerance: 1e-5 relative for the weights and losses, 3e-5 for the first moments (measured 1.6e-6 and 9.4e-6):
+    each row-wise layer adds two ranks' partial sums where train.py sums one row, a float32 reassociation, which the
+    moments of gradients near 0 (the key bias's: softmax ignores it) show most; a missing all-reduce in a row-wise layer (each rank keeps its partial sum), a
+    head split across ranks or a clip by one rank's norm is off by percents. Rank 0 holds the embedding, the norms
+    and the head whole and half of every block's Linears; last.pt loads into train.py's model."""
+    tp = train(tmp_path / "tp", "src/train_TP.py", *SPLIT, "--clip-grad-norm", "1.0", nproc=2)
+    unsplit = unsplit("1.0")
+    assert tp["state"]["step"] == unsplit["state"]["step"] == 8
+    grads = relative_error(named_first_moments(tp["state"]["full_optimizer"]), first_moments(unsplit))
+    error = relative_error(weights(tp), weights(unsplit))
+    print(f"TP vs train.py: first moments {grads:.1e}, weights {error:.1e} relative after 8 steps")
+    assert grads < 3e-5 and error < 1e-5
+    for a, b in zip(tp["metrics"]["epochs"], unsplit["metrics"]["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    vit = common.build_model("vit", 1, 28)
+    split = sum(
+        m.weight.numel() + m.bias.numel() for b in vit.blocks for m in (*b.attn.children(), b.mlp.fc1, b.mlp.fc2)
+    )
+    assert tp["metrics"]["params"] == sum(p.numel() for p in vit.parameters())
+    replicated = sum(b.attn.out.bias.numel() + b.mlp.fc2.bias.numel() for b in vit.blocks)  # row-wise biases: whole
+    assert tp["metrics"]["params_per_rank"] == tp["metrics"]["params"] - (split - replicated) // 2
+    assert 0 < tp["metrics"]["activation_mib"] < unsplit["metrics"]["activation_mib"]  # half of q, k, v, fc1 kept
+    assert tp["metrics"]["world_size"] == 2 and tp["metrics"]["global_batch"] == 64  # one batch, split by features
+    assert_loads_into_train_py(tp["checkpoint"])
+
+
+@pytest.mark.parametrize("schedule,clip", [("gpipe", "0"), ("1f1b", "1.0")])
+def test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_their_bubble(schedule, clip, unsplit,
+                                                                                          tmp_path):  # fmt: skip
+    """train_pipeline.py, 2 stages in 2 gloo processes (the cut of train_model_parallel.py --balance params: the
+    embedding and 2 blocks | 2 blocks and the head), 4 micro-batches of 16, GPipe and 1F1B, vs train.py on the same 8
+    batches of 64, GPipe unclipped (a gradient of the wrong scale shows: clipping to norm 1.0 would rescale it) and
+    1F1B clipped to norm 1.0 (the ViT's default: the norm over both stages). Compared: AdamW's first moments (each
+    stage's optimizer state from last.pt, in the model's parameter order: the gradients, which the schedule divides
+    by the 4 micro-batches), every weight after the 8 steps (the whole model the last stage gathered into last.pt) and the epoch's
+    train and test loss. Tolerance: 1e-5 relative for weights and losses, 3e-4 for the first moments (measured 3.2e-6
+    and 1.0e-4): the 4 micro-batches' gradients are added into .grad one after another where train.py computes one
+    sum, a float32 reassociation (4e-7 in the moments after one step), which 8 steps of AdamW grow most in the head,
+    whose weights start at 0; micro-batch losses not divided by
+    4, a clip by one stage's norm or a stage that runs a micro-batch twice are off by percents. The bubble, measured on
+    each stage, is a share of the step (0 to 1) beside the theory's (p - 1) / (m + p - 1) = 1/5."""
+    pp = train(tmp_path / "pp", "src/train_pipeline.py", *SPLIT, "--schedule", schedule, "--clip-grad-norm", clip,
+               nproc=2)  # fmt: skip
+    unsplit = unsplit(clip)
+    assert pp["state"]["step"] == unsplit["state"]["step"] == 8
+    moments = [s["exp_avg"] for stage in pp["state"]["stage_optimizers"] for s in stage["state"].values()]
+    grads = relative_error(moments, first_moments(unsplit))
+    error = relative_error(weights(pp), weights(unsplit))
+    print(f"pipeline ({schedule}) vs train.py: first moments {grads:.1e}, weights {error:.1e} relative after 8 steps")
+    assert grads < 3e-4 and error < 1e-5
+    for a, b in zip(pp["metrics"]["epochs"], unsplit["metrics"]["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    metrics = pp["metrics"]
+    assert metrics["bubble_theory"] == pytest.approx(1 / 5) and metrics["schedule"] == schedule
+    assert metrics["global_batch"] == 64 and metrics["micro_batches"] == 4
+    assert len(metrics["bubble_measured"]) == 2 and all(0 < b < 1 for b in metrics["bubble_measured"])
+    assert sum(metrics["stage_params"]) == metrics["params"] and metrics["params_per_rank"] == max(
+        metrics["stage_params"]
+    )
+    assert_loads_into_train_py(pp["checkpoint"])

@@ -65,6 +65,8 @@ CHAINS = {
     "train_compile.py": "train_channels_last.py",
     "train_fast.py": "train_compile.py",
     "train_model_parallel.py": "train.py",
+    "train_pipeline.py": "train_model_parallel.py",
+    "train_TP.py": "train.py",
     "train_profile.py": "train.py",
     "loader_DALI.py": "loader.py",
 }

@@ -1,5 +1,5 @@
-"""The smoke profile through the bench runner, as a real subprocess: every script once, its tables, ladders, plots,
-provenance and side-by-side pages."""
+"""The smoke profile through the bench runner, as a real subprocess: every script, the comparisons in interleaved
+pairs, its tables, ladders, plots, provenance and side-by-side pages."""
 
 import json
 import tomllib
@@ -26,13 +26,13 @@ def test_smoke_profile_writes_tables_and_plots(smoke):
     summary = pd.read_csv(out / "summary.csv")
     assert summary.config.tolist() == configs  # one row per configuration, in matrix order
     assert (summary.status == "ok").all() and (summary.images_per_s > 0).all()
-    assert summary.loc[summary.config == "train.py cnn", "speedup"].item() == 1.0
     runs = pd.read_csv(out / "runs.csv")
-    assert len(runs) == len(configs) and (runs.status == "ok").all()
+    assert (runs.status == "ok").all() and set(runs.config) == set(configs)
+    assert runs.job.tolist() == sorted(runs.job) == list(range(len(runs)))  # every planned run, in order
     for log in runs.log:
         assert (out / log).read_text().startswith("$ ")
     table = (out / "table.md").read_text()
-    assert "images/s" in table and "speed-up" in table and "torch" in table
+    assert "images/s" in table and "compared" in table and "torch" in table and "Provenance:" in table
     assert all(config in table for config in configs)
     assert json.loads((out / "env.json").read_text())["profile"] == "smoke"
     for name in PNGS:
@@ -50,10 +50,33 @@ def test_smoke_profile_writes_tables_and_plots(smoke):
     env = json.loads((out / "env.json").read_text())
     assert env["matrix"] == "bench/profiles.toml" and env["git"]["commit"] and "bf16_instructions" in env
     assert env["cpu_model"] in table and "bf16 instructions" in table.splitlines()[2]
-    index = (out / "index.html").read_text()  # the side-by-side pages, with this run's speed-ups
+    index = (out / "index.html").read_text()  # the side-by-side pages, with this run's comparisons
     amp = summary[summary.script == "train_amp.py"].iloc[0]
-    assert 'href="diff-train_amp.html"' in index and f"{amp.speedup:.2f}×" in index
+    assert 'href="diff-train_amp.html"' in index and f"{amp.speedup_rung:.2f}× ({amp.speedup_rung_lo:.2f}–" in index
     assert (out / "diff-train_amp.html").is_file() and "index.html" in proc.stdout
+
+
+def test_smoke_runs_every_comparison_in_interleaved_pairs_and_the_self_pair_reads_no_difference(smoke):
+    """Each comparison's two rows ran next to each other in each of the profile's 2 rounds, in alternating order
+    (one order, then the other); each pair's ratio is its runs' images/s, and the summary's cell is their
+    median with min-max and a verdict. The self pair (train.py against a copy of itself) is the noise floor the
+    table's header prints, and its own verdict is "no measurable difference"."""
+    out, summary, _ = smoke
+    runs, plan = pd.read_csv(out / "runs.csv"), pd.read_csv(out / "pairs.csv")
+    speed = dict(zip(runs.job, runs.images_per_s, strict=True))
+    for comparison, pairs in plan.groupby(["row", "reference", "kind"]):
+        assert len(pairs) == 2, comparison
+        steps = [int(a) - int(b) for a, b in zip(pairs.row_job, pairs.reference_job, strict=True)]
+        assert abs(steps[0]) == 1 and steps[1] == -steps[0]  # adjacent, in one order then the other
+        assert pairs.ratio.tolist() == pytest.approx([speed[a] / speed[b] for a, b in
+                                                      zip(pairs.row_job, pairs.reference_job, strict=True)])  # fmt: skip
+    by_config = summary.set_index("config")
+    self_pair = by_config.loc["train.py cnn, again"]
+    ratios = plan[plan.kind == "same_as"].ratio
+    assert self_pair.x_self == pytest.approx(ratios.median()) and self_pair.x_self_lo == pytest.approx(ratios.min())
+    assert self_pair.x_self_verdict == "no measurable difference"
+    floor = max(abs(ratios - 1))
+    assert f"Noise floor: ±{100 * floor:.1f} %" in (out / "table.md").read_text().splitlines()[6]
 
 
 def test_smoke_ladder_lists_every_rung_with_both_speedups(smoke):
@@ -65,13 +88,19 @@ def test_smoke_ladder_lists_every_rung_with_both_speedups(smoke):
     for script in rungs:
         assert any(line.startswith(f"| {script} ") for line in lines), script
     by_config = summary.set_index("config")
-    for config, base in [("train_compile.py cnn, bf16", "train_channels_last.py cnn, bf16"),
-                         ("train_fast.py cnn, bf16, data on the device", "train_compile.py cnn, bf16")]:  # fmt: skip
+    plan = pd.read_csv(out / "pairs.csv")
+    for config, base in [("train_compile.py cnn, float32", "train_channels_last.py cnn, float32"),
+                         ("train_fast.py cnn, float32, data on the device", "train_compile.py cnn, float32")]:  # fmt: skip
         row = by_config.loc[config]
-        assert row.speedup_rung == pytest.approx(row.images_per_s / by_config.loc[base, "images_per_s"])
-        assert row.speedup == pytest.approx(row.images_per_s / by_config.loc["train.py cnn", "images_per_s"])
+        ratios = plan[(plan.row == config) & (plan.kind == "rung_base")].ratio
+        assert row.speedup_rung == pytest.approx(ratios.median())  # from its pairs, not from medians of runs
         line = next(line for line in lines if line.startswith(f"| {config} "))
-        assert f"{row.speedup_rung:.2f}× ({base})" in line and f"{row.speedup:.2f}×" in line
+        assert f"{row.speedup_rung:.2f}× ({row.speedup_rung_lo:.2f}–{row.speedup_rung_hi:.2f})" in line
+        assert f"{row.speedup_rung_verdict} ({base})" in line and f"{row.speedup:.2f}×" in line
+    fast = by_config.loc["train_fast.py cnn, float32, data on the device"]  # × train.py: the product of the links
+    links = [by_config.loc[c].speedup_rung for c in ("train_amp.py cnn, autocast off",
+             "train_channels_last.py cnn, float32", "train_compile.py cnn, float32")]  # fmt: skip
+    assert fast.speedup == pytest.approx(fast.speedup_rung * links[0] * links[1] * links[2])
     assert "## Ladder: small CNN from JPEG files" in ladder  # the input ladder: loader.py -> loader_DALI.py
 
 
@@ -91,6 +120,7 @@ def test_smoke_memory_table_shows_activation_checkpointing_against_its_base_at_t
     section = table.split("## Memory: small ViT, batch 32")[1].split("\n## ")[0]
     line = next(line for line in section.splitlines() if line.startswith("| train_activation_checkpointing.py"))
     assert f"{ac.activation_mib:.1f}" in line and f"{ac.activation_mib / base.activation_mib:.2f}×" in line
+    assert f"{ac.x_memory:.2f}× ({ac.x_memory_lo:.2f}–{ac.x_memory_hi:.2f})" in line  # images/s, from its pairs
 
 
 def test_smoke_rows_carry_flops_and_their_share_of_the_measured_matmul_peak(smoke):
@@ -130,5 +160,5 @@ def test_smoke_sweep_profile_trace_and_compile_count(smoke):
     assert _is_png(out / "sweeps.png")
     traces = list((out / "trace").glob("trace-*.json"))
     assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
-    compiled = summary.set_index("config").loc["train_compile.py cnn, bf16"]
+    compiled = summary.set_index("config").loc["train_compile.py cnn, float32"]
     assert compiled.graphs_compiled >= 1 and compiled.recompiled_steps == 0

@@ -116,6 +116,13 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         default=None,
         help="train on the first N training images only (synthetic: N images per epoch, default 10240)",
     )
+    p.add_argument(
+        "--test-subset",
+        type=positive_int,
+        default=None,
+        help="evaluate on the first N of Fashion-MNIST's 10,000 test images (default: all): a throughput run that "
+        "needs no accuracy spends its seconds training",
+    )
     _training_flags(p)
     p.add_argument(
         "--clip-grad-norm",

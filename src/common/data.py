@@ -156,6 +156,8 @@ def load_data(args: argparse.Namespace):
         die(str(error))
     try:
         train_set, test_set = fashion_mnist(folder, args.subset)
+        if getattr(args, "test_subset", None):
+            test_set = torch.utils.data.TensorDataset(*(tensor[: args.test_subset] for tensor in test_set.tensors))
     except BadDataFile as error:
         die(f"{error}; replace the four Fashion-MNIST files (apt-get install --reinstall dataset-fashion-mnist)")
     if len(train_set) < args.batch_size:

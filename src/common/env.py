@@ -99,3 +99,17 @@ def environment() -> dict:
         "hostname": socket.gethostname(),
         "git": git_state(),
     }
+
+
+def require_torch(version: str, what: str) -> None:
+    """Exit with one line (exit 2) when the installed torch is older than `version` ("2.15"), naming `what` needs it
+    and the version it was tested on; the local build suffix (+cu132) and pre-release tags are ignored."""
+    from .errors import die
+
+    def parts(text: str) -> tuple[int, ...]:
+        return tuple(int("".join(c for c in p if c.isdigit()) or 0) for p in text.split("+")[0].split(".")[:2])
+
+    if parts(torch.__version__) < parts(version):
+        die(
+            f"{what} needs torch >= {version} (tested on {version}); this is torch {torch.__version__}: pip install -U torch"
+        )

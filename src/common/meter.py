@@ -79,11 +79,13 @@ class Meter:
 
     def _pack(self, tensor: torch.Tensor) -> torch.Tensor:
         """The pack hook: record the storage of a tensor saved for backward, unless it is a parameter or a view of
-        one (nn.Linear saves `weight.t()`), and keep the tensor."""
+        one (nn.Linear saves `weight.t()`), and keep the tensor. A DTensor counts its local shard: what this rank
+        keeps."""
         base = tensor._base if tensor._base is not None else tensor
         if not (tensor.is_leaf and tensor.requires_grad) and not (base.is_leaf and base.requires_grad):
+            local = getattr(tensor, "_local_tensor", tensor)  # a DTensor (tensor parallelism): this rank's shard
             try:
-                storage = tensor.untyped_storage()
+                storage = local.untyped_storage()
             except (RuntimeError, NotImplementedError):  # a sparse tensor or a subclass without one storage
                 return tensor
             self._storages[(storage.data_ptr(), str(tensor.device))] = storage.nbytes()
