@@ -5,9 +5,10 @@ each layer's weights and gives every rank the same batch. `parallelize_module` t
 on a one-dimensional device mesh ("tp"): q, k, v and the MLP's first Linear are split by output features
 (ColwiseParallel: each rank computes heads / tp whole heads and mlp / tp hidden units, no communication), the
 attention's output projection and the MLP's second Linear by input features (RowwiseParallel: each rank's partial
-sum, then one all-reduce), so a block costs two all-reduces of its (N, T, width) activations forward and two
-backward. Each rank holds about 1/tp of every block's weights, gradients and AdamW moments, and keeps 1/tp of the
-attention's and the MLP's activations; the patch embedding, the LayerNorms and the head stay whole on every rank
+sum, then one all-reduce), so a block costs two all-reduces of its (N, T, width) activations forward and four
+backward (one per column-parallel Linear's input gradient: q, k, v and fc1; Megatron fuses q, k and v into one).
+Each rank holds about 1/tp of every block's weights, gradients and AdamW moments, and keeps 1/tp of what the split
+Linears compute (their outputs; the LayerNorm outputs they read are whole on every rank); the patch embedding, the LayerNorms and the head stay whole on every rank
 and compute the same thing there. It trains what train.py trains: the same images in the same order at the same
 batch, on every rank (tests/test_equivalence.py). Why the base is train.py and not train_DDP.py: TP is a split of the
 model, not of the data; combined with data parallelism it is the second dimension of a 2-D mesh (torchtitan's FSDP x
@@ -17,8 +18,8 @@ convolutions are not split here. Not here yet: sequence parallelism (SequencePar
 the LayerNorms and the residual stream split by tokens, the all-reduces turned into a reduce-scatter and an
 all-gather); the ViT has 1 + (S / patch)^2 tokens, an odd number, and DTensor's uneven shards of them failed in
 gloo's all-gather (a size mismatch) on torch 2.15. Clipping adds the shards' squared norms
-over the ranks (DTensor does it when the norm is asked for its full value). Rank 0 gathers the full model into
-last.pt (`get_model_state_dict(..., full_state_dict=True)`), which train.py's model loads; --resume reads the full
+over the ranks (DTensor does it when the norm is asked for its full value). Every rank gathers the full model and
+optimizer state (`get_state_dict(..., full_state_dict=True)`), rank 0 writes them into last.pt, which train.py's model loads; --resume reads the full
 model and optimizer state and shards them again. The metrics carry params (the whole model), params_per_rank and
 activation_mib (this rank's). Needs torch >= 2.15 (tested on it: DTensor on a CPU mesh with gloo).
 

@@ -1,23 +1,29 @@
 """Pipeline parallelism: train_model_parallel.py + each stage in its own process, scheduled by torch.distributed.pipelining.
 
 train_model_parallel.py cuts the model in two stages and runs both from one process; here each stage is a process
-of its own (one per GPU, or per CPU core with gloo), started by torchrun, and `torch.distributed.pipelining` moves
-the micro-batches' activations forward and their gradients backward between them (point-to-point sends). Every rank
-builds the whole model from the same seed, finds the same cut (--balance, as the base does) and keeps its stage:
-a `PipelineStage` over the stage's blocks, driven by a schedule over --micro-batches pieces of each batch. GPipe
+of its own (one per GPU, or 2 sharing a CPU's cores with gloo), started by torchrun, and
+`torch.distributed.pipelining` moves the micro-batches' activations forward and their gradients backward between them
+(point-to-point sends). Every rank builds the whole model from the same seed and finds the same cut (--balance, as the
+base does); it trains its stage (its weights, gradients and AdamW state: `params_per_rank` counts the larger stage),
+a `PipelineStage` over the stage's blocks driven by a schedule over --micro-batches pieces of each batch. The first
+rank then drops the other stage's blocks (to the meta device); the last rank keeps a copy of the first stage's
+weights, refreshed for evaluation and last.pt (a model too large for one device would build only its stage). GPipe
 (--schedule gpipe) runs every micro-batch's forward, then every backward: each stage keeps the activations of all
 m micro-batches. 1F1B (--schedule 1f1b) starts the backward of micro-batch i as soon as the last stage has its loss
 and then alternates one forward and one backward: a stage keeps at most p micro-batches' activations (p stages),
-for the same bubble. The bubble: at the start a stage waits for its first input, at the end for its last gradient;
+for the same bubble (activation_mib counts the storages saved in the first step, reused addresses once, so it is not
+that peak and does not show the difference). The bubble: at the start a stage waits for its first input, at the end for its last gradient;
 in theory each stage is idle (p - 1) / (m + p - 1) of a step (GPipe, Huang et al. 2019), so more micro-batches mean
 a smaller bubble but smaller, less efficient matmuls. The script measures it: forward and backward hooks time what
 each stage computes in a step (a backward from its output's gradient to the last gradient it accumulates), and one
 minus that over the step's time is the stage's measured idle share (bubble_measured, per rank, beside
-bubble_theory in the metrics). The loss is a mean per micro-batch, and the schedule divides the summed gradients by
+bubble_theory in the metrics). On CUDA each hook synchronises the device (kernels run asynchronously), which
+serialises what it times: there the bubble and images/s are those of a slowed schedule. The loss is a mean per micro-batch, and the schedule divides the summed gradients by
 m (scale_grads=True), so a step trains what train.py's step on the whole batch trains (tests/test_equivalence.py).
 Clipping adds the stages' squared gradient norms over the ranks (an all-reduce), as the whole model's norm. The last
-stage reports (it has the loss); for evaluation and last.pt each stage broadcasts its weights, so that the last rank
-holds the whole model: it evaluates the test set and writes last.pt, whose "model" loads into train.py's model
+stage reports (it has the loss) and says where a SIGTERM left the run; for evaluation and last.pt the first stage
+sends its weights to it: it evaluates the whole model on the test set and writes last.pt, whose "model" loads into
+train.py's model
 (schedule.eval would need test batches split like the training batch: a stage fixes its buffers' shapes at its first
 step). Two stages: the base's cut; more would need a p-way cut. Needs torch >= 2.15 (tested on it: pipelining on gloo,
 whose batch_isend_irecv hang was fixed in pytorch/pytorch#152938).
@@ -144,8 +150,8 @@ stage_module = nn.Sequential(*stage_blocks[rank])  # shares the blocks' paramete
 stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
 
 
-def sync_whole_model() -> None:  # each stage's owner broadcasts its weights and buffers: every rank has them all
-    for owner, owned in enumerate(stage_blocks):
+def sync_whole_model() -> None:  # the first stage broadcasts its weights and buffers: the last rank has them all
+    for owner, owned in enumerate(stage_blocks[:-1]):
         for block in owned:
             for tensor in block.state_dict().values():  # they share storage with the block's own tensors
                 dist.broadcast(tensor, src=owner)
@@ -154,7 +160,7 @@ def sync_whole_model() -> None:  # each stage's owner broadcasts its weights and
 class StageClock:
     """Seconds this stage computes in a step: each forward between its module's pre- and post-hooks; each backward
     from its output's gradient (the first thing it computes) to the last gradient accumulated into a parameter. On
-    CUDA the hooks synchronise the device (kernels run asynchronously), which costs some overlap."""
+    CUDA every hook synchronises the device (kernels run asynchronously), which serialises the work it times."""
 
     def __init__(self, module: nn.Module):
         self.busy, self.start, self.end = 0.0, None, None
@@ -210,6 +216,12 @@ if args.resume and checkpoint.exists():
     common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; the last says so
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+if not master:  # new # the first rank keeps only its stage: the other blocks' memory is freed (meta: shapes only)
+    for block in stage_blocks[1]:  # new #
+        block.to("meta")  # new #
+if master:  # new #
+    micro = args.batch_size // args.micro_batches  # new #
+    print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches of {micro}", flush=True)  # new #
 
 
 def save_whole(epochs_done: int) -> None:  # new # collectives: every rank calls it, the last one writes
@@ -230,7 +242,7 @@ def save_whole(epochs_done: int) -> None:  # new # collectives: every rank calls
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)  # new # this process's device
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(master)  # new # SIGTERM: stop at the step boundary; the last rank says where it saved
 epochs = []
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
@@ -319,7 +331,7 @@ if master:  # new #
         bubble_theory=(world_size - 1) / (args.micro_batches + world_size - 1),  # new #
         stage_params=stage_params,  # new # parameters per stage
         stage_gflops=stage_gflops,  # new # forward GFLOPs per image per stage
-        params_per_rank=max(stage_params),  # new # what the larger stage's process holds
+        params_per_rank=max(stage_params),  # new # what the larger stage's process trains
         steps=step,
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them

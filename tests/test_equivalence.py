@@ -661,6 +661,8 @@ def test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_t
     metrics = pp["metrics"]
     assert metrics["bubble_theory"] == pytest.approx(1 / 5) and metrics["schedule"] == schedule
     assert metrics["global_batch"] == 64 and metrics["micro_batches"] == 4
+    expected = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}[schedule]
+    assert f"pipeline: {expected}, 4 micro-batches of 16" in pp["stdout"]  # the schedule asked for ran
     assert len(metrics["bubble_measured"]) == 2 and all(0 < b < 1 for b in metrics["bubble_measured"])
     assert sum(metrics["stage_params"]) == metrics["params"] and metrics["params_per_rank"] == max(
         metrics["stage_params"]

@@ -36,13 +36,15 @@ class Preemption:
     whole process group (Slurm, `timeout`) must not kill them under a main process that is still finishing its step.
     """
 
-    def __init__(self):
+    def __init__(self, master: bool | None = None):
+        """`master`: whether this process says where the run stopped (the one that writes the checkpoint); default:
+        rank 0, or the only process."""
         self._signalled = 0.0  # when the first SIGTERM came (time.monotonic), 0 before
         self.stopped_at = None  # the step the run stopped at, once `requested` said so
         signal.signal(signal.SIGTERM, self._handle)
         distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
         self._group = None
-        self._master = not distributed or dist.get_rank() == 0  # the one that prints
+        self._master = (not distributed or dist.get_rank() == 0) if master is None else master  # the one that prints
         if distributed:
             self._group = dist.new_group(backend="gloo") if dist.get_backend() != "gloo" else dist.group.WORLD
 
