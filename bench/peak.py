@@ -119,9 +119,12 @@ def of_peak(achieved, precision, env: dict, model=None, gpus=0):
 
 
 def _share(achieved, peaks: dict, precision, model, devices: int):
-    """achieved TFLOP/s over `peaks`' entry for the run's dtype (`matmul_dtype`) times `devices`, or None."""
+    """achieved TFLOP/s over `peaks`' entry for the run's dtype (`matmul_dtype`) times `devices`, or None; None too
+    when the run beat the peak, which then was not one (on a CPU without bf16 instructions the probe's emulated bf16
+    matmul runs slower than oneDNN's bf16 convolutions)."""
     peak = peaks.get(matmul_dtype(precision, model))
-    return achieved / (peak * devices) if peak and pd.notna(achieved) and achieved else None
+    share = achieved / (peak * devices) if peak and pd.notna(achieved) and achieved else None
+    return share if share is None or share <= 1.0 else None
 
 
 def gemm_peak_in_a_child(python: str, gpus: int, seconds: float = 1.0) -> dict[str, float]:

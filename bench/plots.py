@@ -116,7 +116,8 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str, floor: float | No
             f"{str(r.config)[:50]} ({fmt(v, ',.0f')} images/s)" for r, v in zip(rungs.itertuples(), ips, strict=True)
         ]
         median = pd.to_numeric(rungs.speedup_rung, errors="coerce")
-        if median.isna().all():  # no pairs: the single runs' images/s, no ratio
+        measured_rungs = (rungs.status.astype(str) == "ok").iloc[1:].any()  # a rung after the first that ran
+        if median.isna().all() and measured_rungs:  # no pairs: the single runs' images/s, no ratio
             bars = ax.barh(names, ips.fillna(0), color="tab:gray")
             ax.bar_label(bars, ["single run" if pd.notna(v) else cell_text(r.status) for r, v in
                                 zip(rungs.itertuples(), ips, strict=True)], padding=4, fontsize=8)  # fmt: skip

@@ -31,6 +31,11 @@ from profiles import KNOBS
 from summary import BELOW_CEILING, INPUT_BOUND
 
 
+def label(value) -> str:
+    """A label cell: the value, or – when it is missing (None, or NaN: a skipped row has no metrics)."""
+    return "–" if value is None or (isinstance(value, float) and pd.isna(value)) or value == "" else str(value)
+
+
 def markdown(table: pd.DataFrame) -> str:
     """A DataFrame of formatted cells as a Markdown table, each cell as written: tabulate would otherwise re-parse
     "6.0" as a number and print "6"."""
@@ -47,9 +52,10 @@ def table_markdown(
         summary.script.astype(str).str.startswith("loader")
         | summary.get("loader", pd.Series(index=summary.index, dtype=object)).notna().to_numpy()
     )
-    when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    started = env.get("started")  # when the runs began (env.json), not when the tables were written
+    when = (datetime.fromisoformat(started) if started else datetime.now(timezone.utc)).strftime("%Y-%m-%d %H:%M UTC")
     header = (
-        f"# Benchmark, profile `{profile}` ({when})\n\n{hardware_line(env)}\n\n{provenance_line(out, env)}\n\n"
+        f"# Benchmark, profile `{profile}` (run {when})\n\n{hardware_line(env)}\n\n{provenance_line(out, env)}\n\n"
         f"{noise_line(noise)}\n\n"
         "images/s: global (summed over processes), steady state (warm-up steps excluded), median over the row's runs "
         '(min–max in brackets when it ran more than once); "not measured" when a run had no step after its warm-up. '
@@ -107,14 +113,14 @@ def ladder_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             rows.append(
                 {
                     "rung": r["config"],
-                    "technique": r.get("technique") or "–",
-                    "precision": r.get("precision") or "–",
+                    "technique": label(r.get("technique")),
+                    "precision": label(r.get("precision")),
                     "images/s": ips_cell(r),
                     "× its base": pair_cell(r, "speedup_rung")
                     + (f" ({cell_text(r.get('rung_base'))})" if cell_text(r.get("rung_base")) else ""),
                     f"× {first['script']}": pair_cell(r, "speedup") if r["config"] != first["config"] else "1.00×",
                     "of its ceiling": pair_cell(r, "of_ceiling"),
-                    "limited by": r.get("limited_by") or "–",
+                    "limited by": label(r.get("limited_by")),
                     **peak_cells(r, env or {}),
                     "compiled": compiled_cell(r),
                     "peak mem (GiB)": ("host " + fmt(r.get("peak_host_rss_gib"), ".2f"))
@@ -176,7 +182,7 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             table.append(
                 {
                     "configuration": r["config"],
-                    "technique": r.get("technique") or "–",
+                    "technique": label(r.get("technique")),
                     "world size": fmt(r.get("world_size"), ".0f"),
                     "global batch": fmt(r.get("global_batch"), ".0f"),
                     "params per process": fmt(per_rank, ",.0f"),
@@ -225,19 +231,19 @@ def _loader_table(summary: pd.DataFrame, env: dict | None = None) -> str:
             {
                 "configuration": r["config"],
                 "script": r["script"],
-                "pipeline": r.get("loader") or "–",
+                "pipeline": label(r.get("loader")),
                 "workers / threads": fmt(r.get("workers"), ".0f"),
                 "measures": "loader only" if loader_only else f"end to end ({r.get('model') or '–'})",
-                "data": r.get("dataset") or "–",
+                "data": label(r.get("dataset")),
                 "crop (px)": fmt(r.get("image_size"), ".0f"),
-                "device": r.get("device") or "–",
+                "device": label(r.get("device")),
                 "batch": fmt(r.get("global_batch"), ".0f"),
-                "precision": "–" if loader_only else r.get("precision") or "–",
+                "precision": "–" if loader_only else label(r.get("precision")),
                 "images/s": ips_cell(r),
                 "× its base": pair_cell(r, "speedup_rung"),
                 "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
                 "data-wait": wait_cell(r),
-                "limited by": r.get("limited_by") or "–",
+                "limited by": label(r.get("limited_by")),
                 "of its ceiling": pair_cell(r, "of_ceiling"),
                 **peak_cells(r, env or {}),
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
@@ -277,18 +283,18 @@ def _training_table(summary: pd.DataFrame, env: dict) -> str:
             {
                 "configuration": r["config"],
                 "script": r["script"],
-                "model": r.get("model") or "–",
-                "data": r.get("dataset") or "–",
-                "device": r.get("device") or "–",
+                "model": label(r.get("model")),
+                "data": label(r.get("dataset")),
+                "device": label(r.get("device")),
                 "world size": fmt(r.get("world_size"), ".0f"),
                 "GPUs": fmt(r.get("gpus"), ".0f"),
                 "global batch": fmt(r.get("global_batch"), ".0f"),
-                "precision": r.get("precision") or "–",
+                "precision": label(r.get("precision")),
                 "images/s": ips_cell(r),
                 "compared": compared_cell(r),
                 "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
                 "data-wait": wait_cell(r),
-                "limited by": r.get("limited_by") or "–",
+                "limited by": label(r.get("limited_by")),
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                 "peak reserved (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_reserved_gib"), ".2f"),
                 "host RSS (GiB)": fmt(r.get("peak_host_rss_gib"), ".2f"),
@@ -337,7 +343,7 @@ def peak_table(out: Path) -> str:
                 "configuration": r["config"],
                 "model": model,
                 "input": f"{channels}x{size}x{size}",
-                "precision": r.get("precision") or "–",
+                "precision": label(r.get("precision")),
                 "images/s": fmt(r["images_per_s"], ",.1f"),
                 "GFLOPs/image": f"{flops / 1e9:.3g} ({where})",
                 "TFLOP/s": fmt(achieved, ".3g"),
