@@ -7,8 +7,8 @@ First one torchrun launch of 2 ranks times 2,000 calls of the check (after 100 w
 Then 10 launches of train_DDP.py (unchanged, run by this file inside each torchrun worker) with the given flags,
 alternately with the check and with it replaced by a check of the rank's own flag (no collective), in 5 pairs
 ordered A B, B A, A B ..., so that drift and order effects cancel; each run's steady step time is its Meter's
-step_ms_p50. Writes OUT.json and env.json beside it, and prints one line. Measured on 2 cores (AMD EPYC, AVX2): 375 us
-per call, 0.49 % of the small CNN's 76.4 ms step; the pairs' ratios spread from 0.83 to 1.20, so the check's cost is
+step_ms_p50. Writes OUT.json and env.json beside it, and prints one line. Measured on 2 cores (AMD EPYC, AVX2): 563 us
+per call, 0.69 % of the small CNN's 81.6 ms step; the pairs' ratios spread from 0.92 to 1.18, so the check's cost is
 not measurable in images/s (results/preemption-cost-2026-11-25/).
 """
 
@@ -39,8 +39,10 @@ if os.environ.get("PREEMPTION_COST_WORKER"):  # inside torchrun: one measurement
         started = time.perf_counter()
         for step in range(2000):
             preemption.requested(step)
+        elapsed = time.perf_counter() - started
+        dist.barrier()  # both ranks done before either leaves the group (gloo aborts a rank whose peer left first)
         if dist.get_rank() == 0:
-            print(f"RESULT {(time.perf_counter() - started) / 2000 * 1e6}", flush=True)
+            print(f"RESULT {elapsed / 2000 * 1e6}", flush=True)
         dist.destroy_process_group()
     else:
         if mode == "without":  # this rank's own flag: what the check would be without the all-reduce
