@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import check_markers  # noqa: E402
 import diff_pages  # noqa: E402
 
-RESULTS = [REPO / "results" / "cpu-2core", REPO / "results" / "cpu-2core-loaders"]
+RESULTS = [REPO / "results" / "cpu-2core-avx2-2026-11-25-a", REPO / "results" / "cpu-2core-avx2-2026-11-25-b"]
 
 
 class Page(html.parser.HTMLParser):
@@ -103,7 +103,7 @@ def test_every_marked_line_is_shown_highlighted_with_its_explanation(pages, base
 def test_the_index_links_resolve_and_show_the_measured_speedup(pages):
     index = Page((pages / "index.html").read_text())
     pairs = check_markers.pairs()
-    assert len(index.links) == len(pairs) + 4  # a page per pair, then one per chain of 2+ rungs
+    assert len(index.links) == len(pairs) + 5  # a page per pair, then one per chain of 2+ rungs
     assert "chain-train_fast.html" in index.links
     for link in index.links:
         target = pages / link

@@ -261,8 +261,8 @@ def test_bench_tables_that_do_not_fit_leave_the_previous_ones(tmp_path):
     """`bench.py --tables-only` rewrites a committed result folder's tables, plots and pages from its runs.csv, on a
     filesystem with no room left: one line naming the first file it could not write and the OS error, exit 1, every
     file of the folder byte-identical and no temporary file."""
-    source = REPO / "results" / "cpu-2core-loaders"
-    content = sum(p.stat().st_size for p in source.rglob("*") if p.is_file())
+    source = REPO / "results" / "vit-defaults-2026-11-25"  # a small folder
+    content = sum((p.stat().st_size // 4096 + 1) * 4096 for p in source.rglob("*") if p.is_file())  # whole blocks
     with full_disk(tmp_path / "disk", room=0) as (disk, fill, preexec):
         fill(content)
         shutil.copytree(source, disk / "r")
