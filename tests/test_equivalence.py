@@ -604,9 +604,10 @@ def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_o
     features, 2 heads per rank) vs train.py, the same 8 batches of 64 on both ranks. Compared: AdamW's first moments
     (gathered whole from last.pt's full optimizer state: the gradients, clipped to norm 1.0 over all shards), every
     weight after the 8 steps (the full model rank 0 gathered into last.pt), and the epoch's train and test loss.
-    Tolerance: 1e-5 relative for the weights and losses, 3e-5 for the first moments (measured 1.6e-6 and 9.4e-6):
-    each row-wise layer adds two ranks' partial sums where train.py sums one row, a float32 reassociation, which the
-    moments of gradients near 0 (the key bias's: softmax ignores it) show most; a missing all-reduce in a row-wise layer (each rank keeps its partial sum), a
+    Tolerance: 1e-5 relative for the weights and losses, 3e-4 for the first moments (measured 1.6e-6 and 9.4e-6 with
+    2 threads, 2.3e-6 and 7.6e-5 with the test command's 1 thread per process): each row-wise layer adds two ranks'
+    partial sums where train.py sums one row, a float32 reassociation that 8 steps of AdamW and clipping grow most in
+    the moments (as in the pipeline's test below); a missing all-reduce in a row-wise layer (each rank keeps its partial sum), a
     head split across ranks or a clip by one rank's norm is off by percents. Rank 0 holds the embedding, the norms
     and the head whole and half of every block's Linears; last.pt loads into train.py's model."""
     tp = train(tmp_path / "tp", "src/train_TP.py", *SPLIT, "--clip-grad-norm", "1.0", nproc=2)
@@ -615,7 +616,7 @@ def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_o
     grads = relative_error(named_first_moments(tp["state"]["full_optimizer"]), first_moments(unsplit))
     error = relative_error(weights(tp), weights(unsplit))
     print(f"TP vs train.py: first moments {grads:.1e}, weights {error:.1e} relative after 8 steps")
-    assert grads < 3e-5 and error < 1e-5
+    assert grads < 3e-4 and error < 1e-5
     for a, b in zip(tp["metrics"]["epochs"], unsplit["metrics"]["epochs"], strict=True):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
