@@ -31,11 +31,6 @@ from profiles import KNOBS
 from summary import BELOW_CEILING, INPUT_BOUND
 
 
-def label(value) -> str:
-    """A label cell: the value, or – when it is missing (None, or NaN: a skipped row has no metrics)."""
-    return "–" if value is None or (isinstance(value, float) and pd.isna(value)) or value == "" else str(value)
-
-
 def markdown(table: pd.DataFrame) -> str:
     """A DataFrame of formatted cells as a Markdown table, each cell as written: tabulate would otherwise re-parse
     "6.0" as a number and print "6"."""
@@ -113,14 +108,14 @@ def ladder_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             rows.append(
                 {
                     "rung": r["config"],
-                    "technique": label(r.get("technique")),
-                    "precision": label(r.get("precision")),
+                    "technique": (cell_text(r.get("technique")) or "–"),
+                    "precision": (cell_text(r.get("precision")) or "–"),
                     "images/s": ips_cell(r),
                     "× its base": pair_cell(r, "speedup_rung")
                     + (f" ({cell_text(r.get('rung_base'))})" if cell_text(r.get("rung_base")) else ""),
                     f"× {first['script']}": pair_cell(r, "speedup") if r["config"] != first["config"] else "1.00×",
                     "of its ceiling": pair_cell(r, "of_ceiling"),
-                    "limited by": label(r.get("limited_by")),
+                    "limited by": (cell_text(r.get("limited_by")) or "–"),
                     **peak_cells(r, env or {}),
                     "compiled": compiled_cell(r),
                     "peak mem (GiB)": ("host " + fmt(r.get("peak_host_rss_gib"), ".2f"))
@@ -182,7 +177,7 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             table.append(
                 {
                     "configuration": r["config"],
-                    "technique": label(r.get("technique")),
+                    "technique": (cell_text(r.get("technique")) or "–"),
                     "world size": fmt(r.get("world_size"), ".0f"),
                     "global batch": fmt(r.get("global_batch"), ".0f"),
                     "params per process": fmt(per_rank, ",.0f"),
@@ -231,19 +226,19 @@ def _loader_table(summary: pd.DataFrame, env: dict | None = None) -> str:
             {
                 "configuration": r["config"],
                 "script": r["script"],
-                "pipeline": label(r.get("loader")),
+                "pipeline": (cell_text(r.get("loader")) or "–"),
                 "workers / threads": fmt(r.get("workers"), ".0f"),
                 "measures": "loader only" if loader_only else f"end to end ({r.get('model') or '–'})",
-                "data": label(r.get("dataset")),
+                "data": (cell_text(r.get("dataset")) or "–"),
                 "crop (px)": fmt(r.get("image_size"), ".0f"),
-                "device": label(r.get("device")),
+                "device": (cell_text(r.get("device")) or "–"),
                 "batch": fmt(r.get("global_batch"), ".0f"),
-                "precision": "–" if loader_only else label(r.get("precision")),
+                "precision": "–" if loader_only else (cell_text(r.get("precision")) or "–"),
                 "images/s": ips_cell(r),
                 "× its base": pair_cell(r, "speedup_rung"),
                 "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
                 "data-wait": wait_cell(r),
-                "limited by": label(r.get("limited_by")),
+                "limited by": (cell_text(r.get("limited_by")) or "–"),
                 "of its ceiling": pair_cell(r, "of_ceiling"),
                 **peak_cells(r, env or {}),
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
@@ -283,18 +278,18 @@ def _training_table(summary: pd.DataFrame, env: dict) -> str:
             {
                 "configuration": r["config"],
                 "script": r["script"],
-                "model": label(r.get("model")),
-                "data": label(r.get("dataset")),
-                "device": label(r.get("device")),
+                "model": (cell_text(r.get("model")) or "–"),
+                "data": (cell_text(r.get("dataset")) or "–"),
+                "device": (cell_text(r.get("device")) or "–"),
                 "world size": fmt(r.get("world_size"), ".0f"),
                 "GPUs": fmt(r.get("gpus"), ".0f"),
                 "global batch": fmt(r.get("global_batch"), ".0f"),
-                "precision": label(r.get("precision")),
+                "precision": (cell_text(r.get("precision")) or "–"),
                 "images/s": ips_cell(r),
                 "compared": compared_cell(r),
                 "step p50 (ms)": fmt(r.get("step_ms_p50"), ".1f"),
                 "data-wait": wait_cell(r),
-                "limited by": label(r.get("limited_by")),
+                "limited by": (cell_text(r.get("limited_by")) or "–"),
                 "peak alloc (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                 "peak reserved (GiB)": "n/a (CPU)" if on_cpu else fmt(r.get("peak_mem_reserved_gib"), ".2f"),
                 "host RSS (GiB)": fmt(r.get("peak_host_rss_gib"), ".2f"),
@@ -343,7 +338,7 @@ def peak_table(out: Path) -> str:
                 "configuration": r["config"],
                 "model": model,
                 "input": f"{channels}x{size}x{size}",
-                "precision": label(r.get("precision")),
+                "precision": (cell_text(r.get("precision")) or "–"),
                 "images/s": fmt(r["images_per_s"], ",.1f"),
                 "GFLOPs/image": f"{flops / 1e9:.3g} ({where})",
                 "TFLOP/s": fmt(achieved, ".3g"),
