@@ -102,6 +102,12 @@ def acc_cell(r: dict) -> str:
 def ips_cell(r: dict) -> str:
     if r.get("status") == "ok" and (r.get("images_per_s") is None or pd.isna(r.get("images_per_s"))):
         return "not measured"
+    tokens = r.get("tokens_per_sample")
+    if tokens is not None and pd.notna(tokens) and tokens > 0:  # a language model: tokens/s, as the field counts
+        ips = fmt(r.get("images_per_s"), ",.0f", tokens) + " tokens/s"
+        if r.get("runs_ok", 0) > 1:
+            ips += f" ({fmt(r.get('images_per_s_min'), '.0f', tokens)}–{fmt(r.get('images_per_s_max'), '.0f', tokens)})"
+        return ips
     ips = fmt(r.get("images_per_s"), ".1f")
     if r.get("runs_ok", 0) > 1:
         ips += f" ({fmt(r.get('images_per_s_min'), '.0f')}–{fmt(r.get('images_per_s_max'), '.0f')})"

@@ -27,7 +27,7 @@ PROFILE_KEYS = {
 }  # what profiles.toml's header comment documents
 RUN_KEYS = {
     "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
-    "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob", "same_as",
+    "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob", "same_as", "skip",
 }  # fmt: skip
 
 
@@ -120,7 +120,9 @@ def _check_values(entry: dict, at: str) -> None:
 
 def skip_reason(run: dict, gpus: int, bf16: bool = True) -> str | None:
     """Why `run` cannot run on this machine (`requires` "cuda" or "bf16": a CPU with bf16 instructions, `bf16`;
-    `min_gpus`), or None."""
+    `min_gpus`; `skip`: a rung whose technique does not apply to the row's model, with the reason), or None."""
+    if run.get("skip"):
+        return run["skip"]
     if run.get("requires") == "cuda" and gpus == 0:
         return "needs a CUDA GPU"
     if run.get("requires") == "bf16" and not bf16:

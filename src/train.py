@@ -6,6 +6,7 @@ src/train_channels_last.py` the next one (each variant names its base in its doc
 
     python src/train.py                                      # small CNN on Fashion-MNIST, 2 epochs, GPU if present
     python src/train.py --device cpu --subset 4096 --epochs 1   # a quick look on a laptop
+    python src/train.py --model gpt                          # a character-level GPT on Shakespeare: 5 min on 2 cores
     python src/train.py --model resnet18 --epochs 8 --batch-size 256 --workers 8 --lr 2e-3 --target-acc 0.93
     python src/train.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # compute ceiling
     python src/train.py --checkpoint-dir ckpt            # Ctrl-C or SIGTERM it, then the same line + --resume goes on
@@ -126,4 +127,6 @@ common.report(
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
+if args.model in common.TEXT_MODELS and preemption.stopped_at is None:  # a language model shows what it learned
+    print(f"generated after a fixed prompt:\n{common.generate(model, device, context=args.seq_len)}", flush=True)
 preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

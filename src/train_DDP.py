@@ -192,5 +192,6 @@ if master:  # new #
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=test_images,  # new # summed over the ranks' shards
     )
+# new # (no sample text: every rank would print it; train.py shows what the GPT learned)
 dist.destroy_process_group()  # new # leave the group cleanly before exiting
 preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

@@ -47,8 +47,8 @@ import common
 parser = common.get_parser(__doc__)
 args = common.parse_args(parser)
 common.env.require_torch("2.15", "train_TP.py (DTensor on a CPU mesh with gloo)")  # new #
-if args.model != "vit":  # new # the split is by heads and MLP columns: a transformer's Linears
-    parser.error(f"train_TP.py splits a ViT's attention and MLP: --model vit, not {args.model}")  # new #
+if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
+    parser.error(f"train_TP.py splits a transformer's attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
 # new # begin: torchrun sets these; every rank runs the same script on the same batch
 if "LOCAL_RANK" not in os.environ:
     common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit`")
@@ -90,9 +90,9 @@ else:
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
 # new # begin: split every block's Linears over the "tp" ranks; every rank built the same weights from the same seed
-heads = common.vit.vit_config(common.input_shape(args)[1])["heads"]
+heads = model.blocks[0].attn.q.out_features // model.blocks[0].attn.head_dim
 if heads % world_size:  # a head is never split: each rank runs heads / world_size whole heads
-    common.die(f"the ViT has {heads} heads, which {world_size} ranks cannot share evenly; use a divisor of {heads}")
+    common.die(f"the {args.model} has {heads} heads, which {world_size} ranks cannot share evenly; use a divisor")
 for block in model.blocks:
     plan = {
         "attn.q": ColwiseParallel(),  # weight split by output features: heads / tp heads per rank
@@ -227,5 +227,6 @@ if master:  # new #
         params_per_rank=params_per_rank,  # new # what rank 0 holds of it
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them
     )
+# new # (no sample text: the model is split over the ranks; train.py shows what the GPT learned)
 dist.destroy_process_group()  # new # leave the group cleanly before exiting
 preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

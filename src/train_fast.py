@@ -121,7 +121,7 @@ class DeviceLoader:
 
     def __init__(self, dataset, device: torch.device, **loader_args):
         images, labels = dataset.tensors
-        self.images = images.to(device).contiguous(memory_format=torch.channels_last)
+        self.images = images.to(device).contiguous(memory_format=memory_format)
         self.labels, self.dataset = labels.to(device), dataset
         self.indices = DataLoader(range(len(labels)), pin_memory=device.type == "cuda", **loader_args)
 
@@ -135,6 +135,11 @@ class DeviceLoader:
 
 
 num_classes = 10  # Fashion-MNIST's and the synthetic batch's; an ImageFolder has its own
+# new # end
+# new # begin: NHWC for images; a language model's (N, T) tokens have no channels to reorder
+memory_format = torch.contiguous_format if args.model in common.TEXT_MODELS else torch.channels_last
+if args.model in common.TEXT_MODELS:
+    print(f"channels_last: --model {args.model} has no 4-D tensor to reorder: the same steps as train_amp.py", flush=True)
 # new # end
 # -- data: one synthetic batch on the device, JPEG files through DALI, or Fashion-MNIST held on the device  # new #
 if args.dataset == "synthetic":
@@ -239,8 +244,9 @@ hooks = [
     if isinstance(m, nn.Conv2d)
 ]
 channels, side = common.input_shape(args)
-with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
-    model.eval()(torch.zeros(2, channels, side, side, device=device).to(memory_format=torch.channels_last))
+if hooks:  # a model with convolutions
+    with torch.no_grad(), torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):
+        model.eval()(torch.zeros(2, channels, side, side, device=device).to(memory_format=torch.channels_last))
 for hook in hooks:
     hook.remove()
 if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
@@ -288,7 +294,7 @@ for epoch in range(start_epoch, args.epochs):
     for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
         if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
             break
-        images = images.to(device, non_blocking=True, memory_format=torch.channels_last)  # new # NHWC, like the weights
+        images = images.to(device, non_blocking=True, memory_format=memory_format)  # new # NHWC, like the weights
         labels = labels.to(device, non_blocking=True)
         # new # convs/matmuls in low precision, reductions in fp32 (--amp-dtype float32: autocast off)
         with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp):  # new #
@@ -354,4 +360,6 @@ common.report(
     without=args.without,  # new # the changes left out (ablation rows)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
+if args.model in common.TEXT_MODELS and preemption.stopped_at is None:  # a language model shows what it learned
+    print(f"generated after a fixed prompt:\n{common.generate(model, device, context=args.seq_len)}", flush=True)
 preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

@@ -90,6 +90,8 @@ else:  # the small CNN, the MLP and the ViT (embed, block0 ... head) are Sequent
 params = [sum(p.numel() for p in block.parameters()) for block in blocks]
 channels, side = common.input_shape(args)
 image = torch.randn(1, channels, side, side, generator=torch.Generator().manual_seed(0)).to(device)  # one image
+if args.model in common.TEXT_MODELS:  # or one sequence of tokens
+    image = torch.randint(0, channels, (1, side), generator=torch.Generator().manual_seed(0)).to(device)
 flops, x = [], image
 model.eval()  # one image through every block: BatchNorm must not update its running statistics here
 for block in blocks:  # with autograd on, as in training (no inference-only fused kernels)
@@ -213,4 +215,6 @@ common.report(
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
+if args.model in common.TEXT_MODELS and preemption.stopped_at is None:  # a language model shows what it learned
+    print(f"generated after a fixed prompt:\n{common.generate(model, device, context=args.seq_len)}", flush=True)
 preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

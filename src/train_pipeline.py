@@ -121,6 +121,8 @@ else:  # the small CNN, the MLP and the ViT (embed, block0 ... head) are Sequent
 params = [sum(p.numel() for p in block.parameters()) for block in blocks]
 channels, side = common.input_shape(args)
 image = torch.randn(1, channels, side, side, generator=torch.Generator().manual_seed(0)).to(device)  # one image
+if args.model in common.TEXT_MODELS:  # or one sequence of tokens
+    image = torch.randint(0, channels, (1, side), generator=torch.Generator().manual_seed(0)).to(device)
 flops, x = [], image
 model.eval()  # one image through every block: BatchNorm must not update its running statistics here
 for block in blocks:  # with autograd on, as in training (no inference-only fused kernels)

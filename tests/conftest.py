@@ -37,7 +37,9 @@ def assert_loads_into_train_py(checkpoint: Path) -> dict:
     """The checkpoint's model state loads, strictly (every key, every shape), into the model train.py builds for
     Fashion-MNIST: no `module.` (DP / DDP) or `_orig_mod.` (torch.compile) prefix. Returns the checkpoint."""
     state = torch.load(checkpoint, weights_only=True)
-    common.build_model(state["made_by"]["model"], 1, 28).load_state_dict(state["model"])
+    model = state["made_by"]["model"]
+    shape = (84, state["model"]["embed.position.weight"].size(0)) if model in common.TEXT_MODELS else (1, 28)
+    common.build_model(model, *shape).load_state_dict(state["model"])
     return state
 
 
@@ -61,7 +63,7 @@ def fmnist_dir() -> Path:
         pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
 
 
-LONGEST_FIRST = ["test_equivalence.py", "test_smoke.py", "test_variants.py", "test_loaders.py"]
+LONGEST_FIRST = ["test_equivalence.py", "test_gpt.py", "test_smoke.py", "test_variants.py", "test_loaders.py"]
 
 
 def pytest_collection_modifyitems(config, items):

@@ -31,6 +31,7 @@ sys.path.insert(0, str(REPO / "src"))
 import common  # noqa: E402
 
 EQ = "tests/test_equivalence.py::"
+GPT = "tests/test_gpt.py::"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
 MUTATIONS = [
     ("train_DDP.py", "set_epoch removed: every epoch repeats the first one's order", "src/train_DDP.py",
@@ -117,6 +118,22 @@ MUTATIONS = [
     ("loader_DALI.py", "DALI's per-epoch shuffle off: every epoch the first one's order", "src/loader_DALI.py",
      "        shuffle_after_epoch=training,", "        shuffle_after_epoch=False,",
      EQ + "test_every_epoch_is_a_fresh_permutation_of_the_files[src/loader_DALI.py]"),
+    # The GPT (tests/test_gpt.py): the attention lesson, the text's targets, and FSDP's sampler on real data
+    ("train_sdpa.py", "the causal mask one place off: each position also sees the next character, its answer",
+     "src/train_sdpa.py", "triu(diagonal=1)", "triu(diagonal=2)",
+     GPT + "test_written_out_attention_trains_what_sdpa_trains"),
+    ("train_sdpa.py", "the scores not scaled by 1 / sqrt(head_dim)", "src/train_sdpa.py",
+     "scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))", "scores = q @ k.transpose(-2, -1)",
+     GPT + "test_written_out_attention_trains_what_sdpa_trains"),
+    ("train.py", "the targets one character further: each position predicts the character after next",
+     "src/common/text.py", "targets = tokens[1 : count * seq_len + 1]", "targets = tokens[2 : count * seq_len + 2]",
+     GPT + "test_a_target_is_the_next_character_and_no_validation_play_is_trained_on"),
+    ("train_FSDP.py", "every rank's sampler given rank 0's shard of the text", "src/train_FSDP.py",
+     "num_replicas=world_size, rank=rank, shuffle=True", "num_replicas=world_size, rank=0, shuffle=True",
+     GPT + "test_fsdp_two_ranks_of_8_take_train_py_s_steps_of_16_on_text"),
+    ("train_TP.py", "the GPT's heads read as all 4 on each rank's half of q, k, v: 4 heads of 16", "src/common/vit.py",
+     "proj(x).view(n, t, -1, self.head_dim)", "proj(x).view(n, t, 4, -1)",
+     GPT + "test_tensor_parallel_splits_the_causal_heads_and_trains_train_py_s_weights"),
 ]  # fmt: skip
 
 

@@ -12,17 +12,22 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit   []
     device      get_device, precision_label (what an fp32 model really computes in)                 [errors]
     seeding     seed_everything (and --deterministic), seed_worker (DataLoader workers)             []
-    data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), synthetic_data,
-                input_shape                                                                         [env, errors]
+    data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), the text's (load_data),
+                synthetic_data, input_shape                                                         [env, errors,
+                                                                                                     models, text]
     images      the loaders' ImageFolder: image_folders, load_rgb, find_non_image                   [errors]
-    models      build_model (cnn, mlp, resnet18, resnet50, vit), MODELS, vit_patch_size             []
+    models      build_model (cnn, mlp, resnet18, resnet50, vit, gpt, gpt2), MODELS, TEXT_MODELS,
+                vit_patch_size                                                                      [gpt, vit]
+    vit         the ViT and the transformer block the GPT shares (causal or not)                    []
+    gpt         the GPT (token + position embeddings, causal blocks, LM head), GPT_CONFIGS          [vit]
+    text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
                 gather_summary (over ranks)                                                         []
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
-    metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [env, errors, io,
+    metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors, gpt, io,
                                                                                                      meter, runstate]
-    checkpoint  save_checkpoint, load_checkpoint (and its refusals), exit_if_finished               [errors, io,
+    checkpoint  save_checkpoint, load_checkpoint (and its refusals), exit_if_finished               [errors, io, models,
                                                                                                      runstate]
     preemption  Preemption: SIGTERM stops every rank at one step boundary                           [runstate]
     cli         the shared flags (get_parser, get_image_folder_parser), parse_args, the one-line    [data, env, errors,
@@ -40,6 +45,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     env,
     errors,
     evaluation,
+    gpt,
     images,
     io,
     meter,
@@ -48,6 +54,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     preemption,
     runstate,
     seeding,
+    text,
     vit,
 )
 from .checkpoint import exit_if_finished, load_checkpoint, save_checkpoint
@@ -60,9 +67,10 @@ from .images import IMAGENET_MEAN, IMAGENET_STD, BadImage, find_non_image, image
 from .io import output_problem
 from .meter import Meter, gather_summary
 from .metrics import epoch_line, epoch_record, report
-from .models import build_model
+from .models import TEXT_MODELS, build_model
 from .preemption import Preemption
 from .seeding import seed_everything, seed_worker
+from .text import generate
 from .vit import ViT
 
 __all__ = [
@@ -71,6 +79,7 @@ __all__ = [
     "IMAGENET_STD",
     "Meter",
     "Preemption",
+    "TEXT_MODELS",
     "ViT",
     "build_model",
     "die",
@@ -80,6 +89,7 @@ __all__ = [
     "exit_if_finished",
     "find_non_image",
     "gather_summary",
+    "generate",
     "get_device",
     "get_image_folder_parser",
     "get_parser",

@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .errors import die, first_line
+from .models import TEXT_MODELS
 from .io import WriteFailed, atomic_write
 from .runstate import RUN
 
@@ -28,6 +29,7 @@ CHECKPOINT_MATCH = {
     "model": "model",
     "dataset": "dataset",
     "image_size": "image size",
+    "seq_len": "context (--seq-len)",
     "subset": "subset",
     "seed": "seed",
     "world_size": "world size",
@@ -54,6 +56,7 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
         "model": args.model,
         "dataset": dataset,
         "image_size": getattr(args, "image_size", None),
+        "seq_len": args.seq_len if args.model in TEXT_MODELS else None,  # None for images (and files before it)
         "subset": getattr(args, "subset", None),
         "seed": args.seed,
         "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,

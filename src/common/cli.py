@@ -13,7 +13,7 @@ from .env import REPO
 from .errors import die, first_line
 from .images import BadImage
 from .io import WriteFailed, output_problem
-from .models import DEFAULTS, MODELS, vit_patch_size
+from .models import DEFAULTS, MODELS, SCHEDULE_DEFAULTS, TEXT_MODELS, vit_patch_size
 
 
 def positive_int(text: str) -> int:
@@ -81,7 +81,7 @@ def _new_parser(doc: str | None) -> argparse.ArgumentParser:
     )
 
 
-def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mnist", "synthetic")):
+def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mnist", "shakespeare", "synthetic")):
     """The flags of the train*.py scripts; a script adds its own with `parser.add_argument` before parsing.
 
     `doc` is the script's docstring: its first line describes the script in --help, its indented run lines end it.
@@ -100,8 +100,15 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
     p.add_argument(
         "--dataset",
         choices=list(datasets),
-        default="fashion-mnist",
-        help="synthetic: one random batch already on the device, to measure the compute ceiling",
+        default=None,
+        help="default per model: shakespeare (character tokens) for gpt, fashion-mnist for the others; synthetic: one "
+        "random batch already on the device, to measure the compute ceiling",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=positive_int,
+        default=64,
+        help="--model gpt / gpt2: tokens of context per sample (blocks of seq-len + 1 characters)",
     )
     p.add_argument(
         "--image-size",
@@ -114,7 +121,7 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         "--subset",
         type=positive_int,
         default=None,
-        help="train on the first N training images only (synthetic: N images per epoch, default 10240)",
+        help="train on the first N training images (or text blocks) only (synthetic: N per epoch, default 10240)",
     )
     p.add_argument(
         "--test-subset",
@@ -128,7 +135,7 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         "--clip-grad-norm",
         type=non_negative_float,
         default=None,
-        help="clip the gradients' global L2 norm to this, 0 for no clipping (default per model: vit 1.0, the others "
+        help="clip the gradients' global L2 norm to this, 0 for no clipping (default per model: vit, gpt, gpt2 1.0, the others "
         "none; common/models.py's DEFAULTS)",
     )
     return p
@@ -165,14 +172,27 @@ def get_image_folder_parser(doc: str | None = None) -> argparse.ArgumentParser:
 def _training_flags(p: argparse.ArgumentParser) -> None:
     """The flags every script shares: model, schedule, batch, workers, seed, device, metrics and checkpoints."""
     p.add_argument("--model", choices=MODELS, default="cnn", help="what to train (see common.build_model)")
-    p.add_argument("--epochs", type=positive_int, default=2, help="passes over the training set")
-    p.add_argument("--max-steps", type=positive_int, default=None, help="stop after this many optimizer steps")
-    p.add_argument("--batch-size", type=positive_int, default=128, help="images per process per step")
+    p.add_argument(
+        "--epochs", type=positive_int, default=None, help="passes over the training set (default per model: gpt 1, the others 2)"
+    )
+    p.add_argument(
+        "--max-steps",
+        type=positive_int,
+        default=None,
+        help="stop after this many optimizer steps (default per model: gpt 2800, under 5 minutes on 2 CPU cores; the "
+        "others none)",
+    )
+    p.add_argument(
+        "--batch-size",
+        type=positive_int,
+        default=None,
+        help="images (text blocks) per process per step (default per model: gpt 16, the others 128)",
+    )
     p.add_argument(
         "--lr",
         type=positive_float,
         default=None,
-        help="peak learning rate of the one-cycle schedule (default per model: vit 2e-3, the others 5e-3; "
+        help="peak learning rate of the one-cycle schedule (default per model: vit 2e-3, gpt 6e-3, gpt2 6e-4, the others 5e-3; "
         "common/models.py's DEFAULTS)",
     )
     p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader worker processes")
@@ -210,8 +230,20 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     the earlier one's checkpoint."""
     install_error_hook()
     args = parser.parse_args()
+    if "dataset" in args and args.dataset is None:  # the model's own data: text for a language model
+        args.dataset = "shakespeare" if args.model in TEXT_MODELS else "fashion-mnist"  # (--help says so)
+    if "dataset" in args and (args.model in TEXT_MODELS) != (args.dataset in ("shakespeare", "synthetic")):
+        if args.model in TEXT_MODELS:
+            parser.error(f"--model {args.model} trains on text: --dataset shakespeare or synthetic, not {args.dataset}")
+        if args.dataset == "shakespeare":
+            parser.error(f"--dataset shakespeare is text: --model gpt or gpt2, not {args.model}")
+    if "dataset" not in args and args.model in TEXT_MODELS:
+        parser.error(f"{Path(sys.argv[0]).name} reads images: --model {args.model} trains on text (train.py does)")
     defaults = DEFAULTS[args.model]  # what the model trains well with, where the command line says nothing
     args.lr = args.lr if args.lr is not None else defaults["lr"]
+    for key in ("batch_size", "epochs", "max_steps"):  # (--help names each model's default)
+        if getattr(args, key) is None:
+            setattr(args, key, defaults.get(key, SCHEDULE_DEFAULTS[key]))
     if "clip_grad_norm" in args:
         clip = args.clip_grad_norm
         args.clip_grad_norm = defaults["clip_grad_norm"] if clip is None else (clip or None)  # 0: no clipping
@@ -219,6 +251,8 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
     if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):
         parser.error("--image-size applies to --dataset synthetic; Fashion-MNIST images are 28 x 28")
+    if args.model in TEXT_MODELS and getattr(args, "image_size", None) is not None:
+        parser.error(f"--image-size is for images; --model {args.model} reads --seq-len tokens")
     if args.model == "vit":
         side = 28 if getattr(args, "dataset", None) == "fashion-mnist" else (args.image_size or 224)
         if side % vit_patch_size(side):

@@ -9,9 +9,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from . import text
 from .env import REPO
 from .errors import die
+from .models import TEXT_MODELS
 
+TEXT_VOCAB = 84  # characters in the Shakespeare corpus (text.check_corpus checks it)
 DEBIAN_FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")  # Debian package `dataset-fashion-mnist`
 FASHION_MNIST_FILES = {
     "train_images": "train-images-idx3-ubyte.gz",
@@ -120,6 +123,24 @@ def fashion_mnist(folder: Path, subset: int | None = None):
     )
 
 
+class SyntheticTokens:
+    """The text twin of SyntheticLoader: the same random (batch_size, seq_len) int64 tokens in [0, vocab) and
+    targets, already on `device`, `steps` times per pass: the GPT's compute ceiling."""
+
+    def __init__(self, batch_size: int, seq_len: int, steps: int, device: torch.device, vocab: int, seed: int = 0):
+        generator = torch.Generator().manual_seed(seed)
+        self.images = torch.randint(0, vocab, (batch_size, seq_len), generator=generator).to(device)
+        self.labels = torch.randint(0, vocab, (batch_size, seq_len), generator=generator).to(device)
+        self.steps, self.dataset = steps, range(steps * batch_size)
+
+    def __len__(self) -> int:
+        return self.steps
+
+    def __iter__(self):
+        for _ in range(self.steps):
+            yield self.images, self.labels
+
+
 class SyntheticLoader:
     """Yields the same random batch (drawn from `seed`), already on `device`, `steps` times per pass: the compute
     ceiling.
@@ -145,11 +166,26 @@ class SyntheticLoader:
 
 
 def load_data(args: argparse.Namespace):
-    """Return `(train_set, test_set)` for `--dataset fashion-mnist`, after checking they fit `--batch-size`.
+    """Return `(train_set, test_set)` for `--dataset fashion-mnist` or `shakespeare`, after checking they fit
+    `--batch-size`. Shakespeare: TensorDatasets of (inputs, targets) int64 (N, --seq-len) blocks (`text.shakespeare`),
+    the training works' first --subset blocks and the held-out plays' first --test-subset.
 
     Exits with one line on stderr when the data is missing or the training set is smaller than one batch
     (every epoch drops its last partial batch, so it would run no step). Not for `--dataset synthetic`.
     """
+    if args.dataset == "shakespeare":
+        try:
+            train_set, test_set = text.shakespeare(args.seq_len)
+        except text.BadCorpus as error:
+            die(f"{error}; get it with `{text.SETUP}`")
+        if args.subset or getattr(args, "test_subset", None):
+            train_set, test_set = (
+                torch.utils.data.TensorDataset(*(tensor[:n] for tensor in dataset.tensors))
+                for dataset, n in ((train_set, args.subset), (test_set, getattr(args, "test_subset", None)))
+            )
+        if len(train_set) < args.batch_size:
+            die(f"--batch-size {args.batch_size} is larger than the {len(train_set)} training blocks; lower it")
+        return train_set, test_set
     try:
         folder = find_fashion_mnist(args.data_dir)
     except DataNotFound as error:
@@ -179,6 +215,11 @@ def synthetic_data(args: argparse.Namespace, device: torch.device, seed: int = 0
     """
     channels, size = input_shape(args)
     steps = max(1, (args.subset or 10_240) // args.batch_size)
+    if args.model in TEXT_MODELS:  # (N, T) tokens: `channels` is the vocabulary, `size` the context
+        return (
+            SyntheticTokens(args.batch_size, size, steps, device, channels, seed),
+            SyntheticTokens(args.batch_size, size, 2, device, channels, seed),
+        )
     return (
         SyntheticLoader(args.batch_size, size, steps, device, channels, seed),
         SyntheticLoader(args.batch_size, size, 2, device, channels, seed),
@@ -186,5 +227,8 @@ def synthetic_data(args: argparse.Namespace, device: torch.device, seed: int = 0
 
 
 def input_shape(args: argparse.Namespace) -> tuple[int, int]:
-    """(channels, side) of the images `--dataset` gives: Fashion-MNIST 1 x 28 x 28, synthetic 3 x S x S."""
+    """(channels, side) of the images `--dataset` gives: Fashion-MNIST 1 x 28 x 28, synthetic 3 x S x S; for a text
+    model (vocabulary size, context): the corpus's 84 characters and --seq-len tokens."""
+    if args.model in TEXT_MODELS:
+        return TEXT_VOCAB, args.seq_len
     return (1, 28) if args.dataset == "fashion-mnist" else (3, args.image_size or 224)

@@ -23,6 +23,8 @@ class Meter:
       ran in. Each window starts and ends with `torch.cuda.synchronize()`, so queued GPU work is counted in full.
       Multiply by the world size (or sum over ranks, `gather_summary`) for a global figure. A run with no step after
       the warm-up has no window: images/s is None and `images_per_s_note` says why ("not measured", never 0).
+    - tokens/s: a language model's batch is (N, T) int64 tokens (noticed in `loader`): a sample is a sequence, and
+      `tokens_per_sample` (T) turns samples/s into tokens/s, in the progress line and in the metrics (`report`).
     - step time p50/p90 (ms): host time between consecutive `step()` calls inside the window. Between the edges
       nothing synchronises, so on a GPU this is the rate at which the host can queue steps (equal to the GPU's rate
       once its queue is full); on CPU it is the step time itself.
@@ -66,6 +68,7 @@ class Meter:
         self.activation_bytes = None  # measured on the first batch
         self._saved_hooks, self._storages = None, {}
         self.flops_per_image = None  # counted on the second step
+        self.tokens_per_sample = None  # a language model's batch: (N, T) int64 tokens, T of them per sample
         self._flop_counter = None
         for d in self.devices:
             if d.type == "cuda":
@@ -109,6 +112,9 @@ class Meter:
             except StopIteration:
                 return
             self._wait += time.perf_counter() - t0
+            inputs = batch[0] if isinstance(batch, (tuple, list)) else None
+            if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and not inputs.is_floating_point():
+                self.tokens_per_sample = inputs.size(1)  # text: throughput in tokens/s, as language models count
             if self.activation_bytes is None and self._saved_hooks is None:
                 self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
                 self._saved_hooks.__enter__()
@@ -157,7 +163,10 @@ class Meter:
         self._progress = (now, self.steps, self._all_images)
         if self.steps == steps or now == t:
             return "no step since the last line"
-        return f"{(self._all_images - images) / (now - t):.0f} images/s, {1e3 * (now - t) / (self.steps - steps):.1f} ms/step"
+        rate, unit = (self._all_images - images) / (now - t), "images/s"
+        if self.tokens_per_sample:
+            rate, unit = rate * self.tokens_per_sample, "tokens/s"
+        return f"{rate:.0f} {unit}, {1e3 * (now - t) / (self.steps - steps):.1f} ms/step"
 
     def pause(self) -> None:
         """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
@@ -198,6 +207,7 @@ class Meter:
             )
         return {
             "images_per_s": self.images / self.window_s if measured else None,
+            "tokens_per_sample": self.tokens_per_sample,  # None for images; a text row's tokens/s is images_per_s x this
             "images_per_s_note": note,
             "step_ms_p50": 1e3 * statistics.median(self.step_s) if measured else None,
             "step_ms_p90": 1e3 * quantiles[8] if measured >= 2 else None,

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
 
 import torch
 
+from .data import TEXT_VOCAB
 from .env import environment
 from .errors import die
 from .io import WriteFailed, atomic_write_text
@@ -21,7 +23,11 @@ def epoch_record(epoch: int, step: int, train_loss, val_loss, val_acc, meter: Me
     """One entry of the metrics' `epochs` list: 1-based `epoch`, global `step`, mean `train_loss` (a 0-d tensor or a
     float; None when nothing was trained), test `val_loss` / `val_acc` (fractions), training seconds so far, and
     the dtype the logits came out in (what the model really computed in). `extra` adds fields (e.g. label counts).
-    Reading a tensor loss synchronises the device, so call it after `meter.pause()`."""
+    Reading a tensor loss synchronises the device, so call it after `meter.pause()`. A language model's record
+    (logits (N, vocab, T)) adds the validation loss in bits per character (nats / ln 2); its val_acc is the
+    next-character accuracy."""
+    if logits is not None and logits.dim() == 3 and val_loss is not None:
+        extra.setdefault("val_bits_per_char", val_loss / math.log(2))
     return {
         "epoch": epoch,
         "step": step,
@@ -41,7 +47,12 @@ def epoch_line(record: dict) -> str:
         parts.append(f"train loss {record['train_loss']:.4f},")
     if record.get("images") is not None:
         parts.append(f"{record['images']} images,")
-    if record["val_acc"] is not None:
+    if record.get("val_bits_per_char") is not None:
+        parts.append(
+            f"val loss {record['val_loss']:.4f} nats/char ({record['val_bits_per_char']:.3f} bits), "
+            f"next-char acc {100 * record['val_acc']:.2f} %,"
+        )
+    elif record["val_acc"] is not None:
         parts.append(f"test loss {record['val_loss']:.4f}, test acc {100 * record['val_acc']:.2f} %,")
     return " ".join(parts) + f" {record['train_s']:.1f} s of training"
 
@@ -67,6 +78,23 @@ def write_metrics(path: Path | None, **fields) -> dict:
         print(text, flush=True)
         die(f"cannot write --metrics-out {path} ({error.reason}); the run's metrics are {where}", code=1)
     return record
+
+
+def text_flops(args: argparse.Namespace, params: int | None, seq_len: int, counted: float | None) -> dict:
+    """A language model's training FLOPs per token two ways: `flops_per_token` as torch.utils.flop_counter counted
+    them on a real step (the tables' of-peak, i.e. MFU, uses this), and `flops_per_token_palm`, the usual estimate
+    6 N + 12 L d T (Chowdhery et al. 2022, PaLM, appendix B: 6 FLOPs per parameter per token for the matmuls forward
+    and backward, and 12 L d T for attention's two T x T products), with N the parameters less the token and position
+    tables (a lookup is no matmul), L blocks of width d, T tokens of context."""
+    from .gpt import GPT_CONFIGS  # only here: metrics knows no model otherwise
+
+    shape = GPT_CONFIGS.get(args.model)
+    if shape is None or params is None:
+        return {"flops_per_token": counted / seq_len if counted else None}
+    depth, width = shape["depth"], shape["width"]
+    embeddings = (TEXT_VOCAB + seq_len) * width
+    palm = 6 * (params - embeddings) + 12 * depth * width * seq_len
+    return {"flops_per_token": counted / seq_len if counted else None, "flops_per_token_palm": palm}
 
 
 def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields) -> dict:
@@ -97,15 +125,21 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     fields.setdefault("dataset", getattr(args, "dataset", None))
     reached = [e for e in epochs if args.target_acc and e["val_acc"] is not None and e["val_acc"] >= args.target_acc]
     compile_s = fields.get("compile_s") or 0.0
+    tokens = summary.get("tokens_per_sample")  # a language model's: its samples are sequences of tokens
+    rate = summary["images_per_s"] * tokens if tokens and summary["images_per_s"] else None
     if summary["images_per_s"] is None:
         line = summary["images_per_s_note"]
     else:
         wait = summary["data_wait_frac"]
-        line = f"{summary['images_per_s']:.1f} images/s, data-wait {100 * wait:.1f} %"
+        line = f"{rate:.0f} tokens/s" if tokens else f"{summary['images_per_s']:.1f} images/s"
+        line += f", data-wait {100 * wait:.1f} %"
     flops = summary.get("flops_per_image")
     achieved = flops * summary["images_per_s"] / 1e12 if flops and summary["images_per_s"] else None
     if achieved is not None:
-        line += f", {achieved:.3g} TFLOP/s ({flops / 1e9:.3g} GFLOPs per image)"
+        per = f"{flops / tokens / 1e6:.3g} MFLOPs per token" if tokens else f"{flops / 1e9:.3g} GFLOPs per image"
+        line += f", {achieved:.3g} TFLOP/s ({per})"
+    if tokens:
+        fields.update(text_flops(args, fields.get("params"), tokens, flops))
     if summary.get("activation_mib") is not None:
         line += f", activations saved for backward {summary['activation_mib']:.1f} MiB"
     print(f"{line}, peak host RSS {summary['peak_host_rss_gib']:.2f} GiB", flush=True)
@@ -115,6 +149,7 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
         device=str(device),
         **summary,
         achieved_tflops=achieved,
+        tokens_per_s=rate,
         epochs=epochs,
         test_acc=epochs[-1]["val_acc"] if epochs else None,
         target_acc=args.target_acc,

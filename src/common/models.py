@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from .gpt import GPT, GPT_CONFIGS
 from .vit import ViT, vit_config
 
-MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit"]
+MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit", "gpt", "gpt2"]
+TEXT_MODELS = ("gpt", "gpt2")  # trained on tokens (--dataset shakespeare), the others on images
 # What each model trains well with, where the command line leaves --lr / --clip-grad-norm out (`cli.parse_args` fills
 # them in): the peak learning rate of the scripts' one-cycle schedule (AdamW, weight decay 5e-4) and the clip of the
 # gradients' global L2 norm (None: no clipping). The convolutional models and the MLP share 5e-3 (the small CNN reaches
@@ -15,12 +17,21 @@ MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit"]
 # 63.8 % clipped to norm 1.0; clipped, 68.2 % at 3e-3, 66.8 % at 2e-3 (68.9 and 69.9 % with seeds 1 and 2), 68.0 % at
 # 1e-3, 60.2 % at 5e-4. So 2e-3, the middle of that plateau, with the clip at 1.0 that ViTs are trained with
 # (Dosovitskiy et al. 2021, appendix B.1), which keeps a too-high rate from costing as much.
+# The GPT (nanoGPT's laptop shape): one epoch cut at 2,800 steps of 16 blocks of 64 characters (2.9 M tokens, under 5
+# minutes on 2 CPU cores). The peak rate was swept at 3,000 steps on the first 1,000 held-out blocks (train.py on 2
+# cores, results/gpt-defaults-2026-11-25/: 2e-3 1.708, 4e-3 1.700, 6e-3 1.699 nats per character; 8 x 128 characters
+# a step 1.719 and 1.725 at 2e-3 and 4e-3; 32 x 64 for 1,500 steps 1.712 at 6e-3); 3,000 steps took 5 min 10 s, so
+# the default stops at 2,800. Clipped at 1.0 as nanoGPT and GPT-2 are.
+GPT_LR = 6e-3
+SCHEDULE_DEFAULTS = {"batch_size": 128, "epochs": 2, "max_steps": None}  # every model's but where DEFAULTS says
 DEFAULTS = {
     "cnn": {"lr": 5e-3, "clip_grad_norm": None},
     "mlp": {"lr": 5e-3, "clip_grad_norm": None},
     "resnet18": {"lr": 5e-3, "clip_grad_norm": None},
     "resnet50": {"lr": 5e-3, "clip_grad_norm": None},
     "vit": {"lr": 2e-3, "clip_grad_norm": 1.0},
+    "gpt": {"lr": GPT_LR, "clip_grad_norm": 1.0, "batch_size": 16, "epochs": 1, "max_steps": 2800},
+    "gpt2": {"lr": 6e-4, "clip_grad_norm": 1.0, "batch_size": 8, "epochs": 1},  # GPT-2 small's rate (nanoGPT's); not swept
 }
 
 
@@ -84,6 +95,10 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
     10 classes). Its patch embedding is a Conv2d of kernel = stride = patch, built for `in_channels` (1 for
     Fashion-MNIST); its blocks are `model.blocks`; no dropout, so runs are deterministic for a seed. Raises
     ValueError when S is not a multiple of the patch side (`vit_patch_size`).
+
+    `gpt` and `gpt2` are decoder-only GPTs (common/gpt.py) for (N, T) int64 tokens -> (N, vocab, T) logits: here
+    `in_channels` is the vocabulary size and `image_size` the context T (what `input_shape` gives for text); `gpt`
+    has nanoGPT's laptop shape (0.8 M parameters), `gpt2` GPT-2 small's (85 M with 84 characters), GPT_CONFIGS.
     """
     if name == "cnn":
         return SmallCNN(in_channels, num_classes, image_size)
@@ -91,6 +106,8 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
         return MLP(in_channels, num_classes, image_size)
     if name == "vit":
         return ViT(image_size, in_channels, num_classes, **vit_config(image_size))
+    if name in GPT_CONFIGS:  # text: (in_channels, image_size) are (vocabulary size, context), as input_shape gives
+        return GPT(in_channels, image_size, **GPT_CONFIGS[name])
     import torchvision  # only for the ResNets: its import adds seconds to start-up
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)

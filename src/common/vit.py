@@ -45,31 +45,36 @@ class PatchEmbedding(nn.Module):
 
 
 class Attention(nn.Module):
-    """Multi-head self-attention, (N, T, width) -> (N, T, width): four nn.Linear (q, k, v, out) around
-    F.scaled_dot_product_attention. The number of heads is read from the projections' output size (width / head_dim):
-    a rank that holds 1/tp of q's, k's and v's output features (ColwiseParallel) runs heads / tp heads unchanged."""
+    """Multi-head self-attention, (N, T, width) -> (N, T, width): four nn.Linear (q, k, v, out) around `attend`,
+    F.scaled_dot_product_attention unless a script sets another function of (q, k, v, is_causal) (train_sdpa.py
+    writes it out). `causal`: position t attends to positions <= t only (the GPT); else to all (the ViT).
+    The number of heads is read from the projections' output size (width / head_dim): a rank that holds 1/tp of
+    q's, k's and v's output features (ColwiseParallel) runs heads / tp heads unchanged."""
 
-    def __init__(self, width: int, heads: int):
+    def __init__(self, width: int, heads: int, causal: bool = False):
         super().__init__()
         if width % heads:
             raise ValueError(f"the width {width} is not a multiple of the {heads} heads")
-        self.head_dim = width // heads
+        self.head_dim, self.causal = width // heads, causal
         self.q, self.k, self.v, self.out = (nn.Linear(width, width) for _ in range(4))
+        self.attend = F.scaled_dot_product_attention
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         n, t = x.shape[:2]
         q, k, v = (proj(x).view(n, t, -1, self.head_dim).transpose(1, 2) for proj in (self.q, self.k, self.v))
-        y = F.scaled_dot_product_attention(q, k, v)  # (N, heads, T, head_dim), softmax(q k^T / sqrt(head_dim)) v
+        y = self.attend(q, k, v, is_causal=self.causal)  # (N, heads, T, head_dim): softmax(q k^T / sqrt(d) + mask) v
         return self.out(y.transpose(1, 2).reshape(n, t, -1))
 
 
 class EncoderBlock(nn.Module):
     """One pre-norm transformer block, (N, T, width) -> (N, T, width): x + attn(norm1(x)), then x + mlp(norm2(x))
-    with mlp = fc1 (width -> mlp), GELU, fc2 (mlp -> width). No dropout: runs are deterministic for a seed."""
+    with mlp = fc1 (width -> mlp), GELU, fc2 (mlp -> width). No dropout: runs are deterministic for a seed.
+    The ViT's blocks and, with `causal=True` (a decoder's masked attention), the GPT's: one block for both, so that
+    the parallel scripts' plans (FSDP units, TP's split of q/k/v/out and fc1/fc2, the pipeline's cut) cover both."""
 
-    def __init__(self, width: int, heads: int, mlp: int):
+    def __init__(self, width: int, heads: int, mlp: int, causal: bool = False):
         super().__init__()
-        self.norm1, self.attn = nn.LayerNorm(width), Attention(width, heads)
+        self.norm1, self.attn = nn.LayerNorm(width), Attention(width, heads, causal)
         self.norm2 = nn.LayerNorm(width)
         self.mlp = nn.Sequential(OrderedDict(fc1=nn.Linear(width, mlp), act=nn.GELU(), fc2=nn.Linear(mlp, width)))
 

