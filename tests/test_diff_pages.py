@@ -132,7 +132,7 @@ def test_the_chain_page_names_the_rung_that_introduced_each_line(pages):
     rung = diff_pages.introduced_by(chain)
     for needle, expected in [
         ("with torch.autocast(", "train_amp.py"),
-        ("images = images.to(device, non_blocking=True, memory_format=torch.channels_last)", "train_channels_last.py"),
+        ("images = images.to(device, non_blocking=True, memory_format=memory_format)", "train_channels_last.py"),
         ("compiled = torch.compile(model", "train_compile.py"),
         ("fused=fused)", "train_fast.py"),
     ]:

@@ -119,8 +119,9 @@ def test_a_flag_a_script_ignores_is_not_accepted(script):
 def test_help_shows_defaults_units_and_the_run_lines():
     proc = run("src/train_amp.py", "--help", timeout=120)
     assert proc.returncode == 0
-    assert "(default: cnn)" in proc.stdout and "passes over the training set (default: 2)" in proc.stdout
-    assert "images per process per step (default: 128)" in proc.stdout
+    text = " ".join(proc.stdout.split())
+    assert "(default: cnn)" in text and "passes over the training set (default per model: gpt 1, the others 2)" in text
+    assert "per process per step (default per model: gpt 16, the others 128)" in text
     # Each default said once: none where the help text already names it, none for "no value" or an off switch.
     assert "(default: None)" not in proc.stdout and "(default: False)" not in proc.stdout
     assert " ".join(proc.stdout.split()).count("Fashion-MNIST is always 1 x 28 x 28 (default") == 0

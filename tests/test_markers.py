@@ -68,6 +68,7 @@ CHAINS = {
     "train_pipeline.py": "train_model_parallel.py",
     "train_TP.py": "train.py",
     "train_profile.py": "train.py",
+    "train_sdpa.py": "train.py",
     "loader_DALI.py": "loader.py",
 }
 
