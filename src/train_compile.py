@@ -82,7 +82,7 @@ if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
 # new # begin: NHWC for images; a language model's (N, T) tokens have no channels to reorder
 memory_format = torch.contiguous_format if args.model in common.TEXT_MODELS else torch.channels_last
 if args.model in common.TEXT_MODELS:
-    print(f"channels_last: --model {args.model} has no 4-D tensor to reorder: the same steps as train_amp.py", flush=True)
+    print(f"channels_last: --model {args.model} has no 4-D tensor to reorder (as train_amp.py)", flush=True)
 # new # end
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
 if args.dataset == "synthetic":
@@ -212,7 +212,7 @@ common.report(
     args,
     summary,
     epochs,
-    precision=f"{precision} + channels_last",  # new #
+    precision=f"{precision} + channels_last" if memory_format == torch.channels_last else precision,  # new #
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)

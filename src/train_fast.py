@@ -139,7 +139,7 @@ num_classes = 10  # Fashion-MNIST's and the synthetic batch's; an ImageFolder ha
 # new # begin: NHWC for images; a language model's (N, T) tokens have no channels to reorder
 memory_format = torch.contiguous_format if args.model in common.TEXT_MODELS else torch.channels_last
 if args.model in common.TEXT_MODELS:
-    print(f"channels_last: --model {args.model} has no 4-D tensor to reorder: the same steps as train_amp.py", flush=True)
+    print(f"channels_last: --model {args.model} has no 4-D tensor to reorder (as train_amp.py)", flush=True)
 # new # end
 # -- data: one synthetic batch on the device, JPEG files through DALI, or Fashion-MNIST held on the device  # new #
 if args.dataset == "synthetic":
@@ -346,7 +346,7 @@ common.report(
     args,
     summary,
     epochs,
-    precision=f"{precision} + channels_last",  # new #
+    precision=f"{precision} + channels_last" if memory_format == torch.channels_last else precision,  # new #
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
