@@ -48,7 +48,7 @@ parser = common.get_parser(__doc__)
 args = common.parse_args(parser)
 common.env.require_torch("2.15", "train_TP.py (DTensor on a CPU mesh with gloo)")  # new #
 if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
-    parser.error(f"train_TP.py splits a transformer's attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
+    parser.error(f"train_TP.py splits attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
 # new # begin: torchrun sets these; every rank runs the same script on the same batch
 if "LOCAL_RANK" not in os.environ:
     common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit`")

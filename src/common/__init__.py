@@ -25,8 +25,9 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
                 gather_summary (over ranks)                                                         []
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
-    metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors, gpt, io,
-                                                                                                     meter, runstate]
+    metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
+                                                                                                     gpt, io, meter,
+                                                                                                     runstate]
     checkpoint  save_checkpoint, load_checkpoint (and its refusals), exit_if_finished               [errors, io, models,
                                                                                                      runstate]
     preemption  Preemption: SIGTERM stops every rank at one step boundary                           [runstate]

@@ -135,7 +135,8 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         "--clip-grad-norm",
         type=non_negative_float,
         default=None,
-        help="clip the gradients' global L2 norm to this, 0 for no clipping (default per model: vit, gpt, gpt2 1.0, the others "
+        help="clip the gradients' global L2 norm to this, 0 for no clipping (default per model: vit, gpt, gpt2 1.0, "
+        "the others "
         "none; common/models.py's DEFAULTS)",
     )
     return p
@@ -173,7 +174,10 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     """The flags every script shares: model, schedule, batch, workers, seed, device, metrics and checkpoints."""
     p.add_argument("--model", choices=MODELS, default="cnn", help="what to train (see common.build_model)")
     p.add_argument(
-        "--epochs", type=positive_int, default=None, help="passes over the training set (default per model: gpt 1, the others 2)"
+        "--epochs",
+        type=positive_int,
+        default=None,
+        help="passes over the training set (default per model: gpt 1, the others 2)",
     )
     p.add_argument(
         "--max-steps",
@@ -192,7 +196,8 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
         "--lr",
         type=positive_float,
         default=None,
-        help="peak learning rate of the one-cycle schedule (default per model: vit 2e-3, gpt 6e-3, gpt2 6e-4, the others 5e-3; "
+        help="peak learning rate of the one-cycle schedule (default per model: vit 2e-3, gpt 6e-3, gpt2 6e-4, the "
+        "others 5e-3; "
         "common/models.py's DEFAULTS)",
     )
     p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader worker processes")

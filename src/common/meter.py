@@ -207,7 +207,7 @@ class Meter:
             )
         return {
             "images_per_s": self.images / self.window_s if measured else None,
-            "tokens_per_sample": self.tokens_per_sample,  # None for images; a text row's tokens/s is images_per_s x this
+            "tokens_per_sample": self.tokens_per_sample,  # None for images; tokens/s = images_per_s x this
             "images_per_s_note": note,
             "step_ms_p50": 1e3 * statistics.median(self.step_s) if measured else None,
             "step_ms_p90": 1e3 * quantiles[8] if measured >= 2 else None,

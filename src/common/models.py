@@ -31,7 +31,7 @@ DEFAULTS = {
     "resnet50": {"lr": 5e-3, "clip_grad_norm": None},
     "vit": {"lr": 2e-3, "clip_grad_norm": 1.0},
     "gpt": {"lr": GPT_LR, "clip_grad_norm": 1.0, "batch_size": 16, "epochs": 1, "max_steps": 2800},
-    "gpt2": {"lr": 6e-4, "clip_grad_norm": 1.0, "batch_size": 8, "epochs": 1},  # GPT-2 small's rate (nanoGPT's); not swept
+    "gpt2": {"lr": 6e-4, "clip_grad_norm": 1.0, "batch_size": 8, "epochs": 1},  # GPT-2 small's (nanoGPT's); not swept
 }
 
 

@@ -24,8 +24,9 @@ WORKS = (
     "henry_iv_part_1 henry_iv_part_2 henry_v henry_vi_part_1 henry_vi_part_2 henry_vi_part_3 henry_viii john "
     "julius_caesar lear lovers_complaint loves_labours_lost macbeth measure_for_measure merchant_of_venice "
     "merry_wives_of_windsor midsummer_nights_dream much_ado_about_nothing othello passionate_pilgrim pericles "
-    "phoenix_and_the_turtle rape_of_lucrece richard_ii richard_iii romeo_and_juliet sonnets taming_of_the_shrew tempest "
-    "timon_of_athens tragedy_of_titus_andronicus troilus_and_cressida twelfth_night two_gentlemen_of_verona winters_tale"
+    "phoenix_and_the_turtle rape_of_lucrece richard_ii richard_iii romeo_and_juliet sonnets taming_of_the_shrew "
+    "tempest timon_of_athens tragedy_of_titus_andronicus troilus_and_cressida twelfth_night two_gentlemen_of_verona "
+    "winters_tale"
 ).split()
 # Held out whole: a tragedy, a Roman play, two comedies (527,388 characters). Whole works, not the end of each, so
 # that no scene of a validation play, and no speech its characters make, is seen in training.
@@ -103,7 +104,7 @@ def generate(model: nn.Module, device: torch.device, characters: int = 300, seed
     tokens = encode(prompt, vocab).to(device)[None]
     generator = torch.Generator(device=device).manual_seed(seed)
     for _ in range(characters):
-        logits = model(tokens[:, -context:])[:, :, -1].float().to(device)  # (1, V): the distribution of the next character
+        logits = model(tokens[:, -context:])[:, :, -1].float().to(device)  # (1, V): the next character's scores
         nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
         tokens = torch.cat([tokens, nxt], dim=1)
     return decode(tokens[0].tolist(), vocab)
