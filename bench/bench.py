@@ -80,11 +80,11 @@ def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, p
     except (OSError, pd.errors.EmptyDataError, AttributeError, ValueError):
         plan = []  # a folder from before the pairs: its tables show no ratio
     runs = relabel(runs)  # labels an older commit's scripts got wrong, from each run's command line
-    ratios = pairs.pair_ratios(runs, plan)
+    ratios = pairs.pair_ratios(runs, plan)  # the undisturbed pairs' ratios (pairs.assess)
     self_pairs = [c for c in ratios if pairs.is_self_pair(c, matrix)]
     floor = pairs.noise_floor([r for c in self_pairs for r in ratios[c]])
     noise = {"floor": floor, "self_pairs": [(c.row, c.reference, ratios[c]) for c in self_pairs]}
-    summary = summarise(runs, matrix, ratios, floor)
+    summary = summarise(runs, matrix, ratios, floor, pairs.disturbed_counts(runs, plan))
     write_csv(summary, out / "summary.csv")
     write_csv(pairs.plan_table(plan, runs), out / "pairs.csv")  # the plan again, each pair's ratio beside it
     repeats = sorted({run["repeats"] for run in matrix})
@@ -173,7 +173,10 @@ def main() -> None:
     if args.repeats:
         for run in matrix:
             run["repeats"] = args.repeats
-    rounds = args.pairs or table.get("pairs", 1)
+    rounds = args.pairs or table.get("pairs", pairs.MIN_PAIRS)  # fewer than 3 pairs give no verdict
+    added = pairs.ensure_self_pair(matrix)  # no verdict without a noise floor: a matrix without a self pair gets one
+    if added:
+        print(f"bench: the matrix compares rows but has no self pair: added {added!r} (the noise floor)", flush=True)
     bf16 = common.env.cpu_info()["bf16_instructions"]
     for run in matrix:
         if run.get("without_bf16") and not bf16:  # emulated bfloat16 is several times slower: run it shorter
@@ -241,6 +244,38 @@ def main() -> None:
                 + (f", {row['images_per_s']:.1f} images/s" if pd.notna(row.get("images_per_s") or None) else "")
                 + (f" ({row['reason']})" if isinstance(row.get("reason"), str) and row["reason"] else "")
             )
+        # Re-runs: a pair that one of its runs' scatter or its distance from its siblings marks as disturbed
+        # (pairs.assess) is run again, next to each other, up to `reruns` times per comparison (the profile's,
+        # default 2); a comparison still short of undisturbed pairs reads "disturbed".
+        done_reruns: dict = {}
+        extra_round = rounds
+        most = int(table.get("reruns", 2))
+        while stop.signal is None and most > 0:
+            due = pairs.reruns_due(pd.DataFrame(rows), plan, rounds, done_reruns, most)
+            if not due:
+                break
+            for comparison, why in due:
+                if stop.signal is not None:
+                    break
+                done_reruns[comparison] = done_reruns.get(comparison, 0) + 1
+                bar.write(f"bench: re-running {comparison.row} against {comparison.reference}: {why}")
+                order = [comparison.row, comparison.reference]
+                if done_reruns[comparison] % 2 == 0:
+                    order.reverse()  # alternate which of the two runs first
+                indices = {}
+                for name in order:
+                    run, k = by_name[name], seen.get(name, 0) + 1
+                    seen[name] = k
+                    row = execute(run, k, out, args.python, gpus, stop)
+                    indices[name] = len(jobs)
+                    row.update(job=len(jobs), round=extra_round)
+                    jobs.append(pairs.Job(name, extra_round, len(jobs)))
+                    rows.append(row)
+                    write_csv(pd.DataFrame(rows), out / "runs.csv")
+                    bar.write(f"{row['config']} r{k} (re-run): {row['status']}")
+                plan.append((comparison, extra_round, indices[comparison.row], indices[comparison.reference]))
+                write_csv(pairs.plan_table(plan), out / "pairs.csv")
+            extra_round += 1
         if stop.signal is not None:
             print(
                 f"bench: interrupted ({stop.name}); writing the rows that finished (add --resume to run the rest)",

@@ -133,34 +133,36 @@ def pair_cell(r: dict, column: str, inverse: bool = False) -> str:
     faster"; "1.37× (1 pair)" from one pair; "–" without any. `inverse`: 1 / the ratio (an ablation's "the change
     buys"), its range and verdict turned round."""
     median, lo, hi = (r.get(column + suffix) for suffix in ("", "_lo", "_hi"))
-    if median is None or pd.isna(median):
-        return "–"
     judged = cell_text(r.get(column + "_verdict"))
+    if median is None or pd.isna(median):
+        return judged if judged == "disturbed" else "–"
     if inverse:
         median, lo, hi = 1 / median, 1 / hi, 1 / lo
         judged = {"faster": "slower", "slower": "faster"}.get(judged, judged)
-    n = r.get(column + "_pairs")
+    n, left_out = r.get(column + "_pairs"), r.get(column + "_disturbed")
     spread = f" ({lo:.2f}–{hi:.2f})" if pd.notna(n) and n > 1 else " (1 pair)"
-    return f"{median:.2f}×{spread}" + (f", {judged}" if judged else "")
+    gone = int(left_out) if left_out is not None and pd.notna(left_out) else 0
+    note = f" ({gone} disturbed pair{'s' * (gone != 1)} left out)" if gone and judged != "disturbed" else ""
+    return f"{median:.2f}×{spread}" + (f", {judged}" if judged else "") + note
 
 
 def noise_line(noise: dict | None) -> str:
     """The table header's line on the noise floor: what the self pairs (a configuration against a copy of itself)
     measured, and what that makes a verdict."""
-    if not noise or noise.get("floor") is None:
-        return (
-            "Noise floor: not measured (no self pair ran): a verdict only says whether every pair lies on the same "
-            "side of 1.00×."
-        )
     pairs = "; ".join(
-        f"{row} against {reference}: " + ", ".join(f"{r:.3f}" for r in ratios)
-        for row, reference, ratios in noise["self_pairs"]
+        f"{row} against {reference}: " + (", ".join(f"{r:.3f}" for r in ratios) or "no undisturbed pair")
+        for row, reference, ratios in (noise or {}).get("self_pairs", [])
     )
+    if not noise or noise.get("floor") is None:
+        why = f"fewer than 3 undisturbed self pairs ({pairs})" if pairs else "no self pair ran"
+        return f"Noise floor: not measured ({why}): no comparison gets a verdict."
     floor = noise["floor"]
     return (
         f"Noise floor: ±{100 * floor:.1f} %, the farthest from 1.00× that a configuration measured against a copy of "
-        f"itself came ({pairs}). A comparison is **faster** or **slower** only when every one of its pair ratios lies "
-        f"beyond 1.00× ± {floor:.3f}, else **no measurable difference**, whatever its median says."
+        f"itself came ({pairs}; a pair far from its siblings is re-run and left out). A comparison is **faster** or "
+        f"**slower** only when every one of its undisturbed pair ratios (3 or more) lies beyond 1.00× ± "
+        f"{floor:.3f}, else **no measurable difference**, whatever its median says; **disturbed** when re-runs left "
+        "it fewer than 3 undisturbed pairs."
     )
 
 

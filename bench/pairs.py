@@ -81,21 +81,26 @@ def schedule(comparisons_: list[Comparison], rounds: int) -> tuple[list[Job], li
     configuration with the run before it, that run serves both (a ladder: the rung that is one comparison's row is
     the next one's reference); otherwise its two runs are ordered so that the second is the one the next comparison
     shares (a star of comparisons around one reference: row, reference, then the next row). So a ladder of n rungs
-    costs n runs a round, not 2(n - 1). Round 1 is round 0 backwards, round 2 round 0 again, and so on: every pair's
+    costs n runs a round, not 2(n - 1). A self pair (kind "same_as") shares no run with another comparison: its two
+    runs are its own, so the noise floor measures two runs of one configuration in the same surroundings, not a
+    ladder's base run beside heavier rungs and its copy beside nothing (in the cpu profile that sharing made the copy
+    the faster run in 9 self pairs of 9). Round 1 is round 0 backwards, round 2 round 0 again, and so on: every pair's
     two runs are adjacent in every round, and their order alternates (A B, then B A), so an order effect cancels.
     """
     order: list[str] = []  # round 0's configurations
     placed: list[tuple[Comparison, int, int]] = []  # (comparison, position of its row, of its reference)
+    alone = False  # the run before is a self pair's: no other comparison shares it
     for i, c in enumerate(comparisons_):
-        if order and order[-1] in (c.row, c.reference):  # share the run before it
+        if order and not alone and c.kind != "same_as" and order[-1] in (c.row, c.reference):  # share the run before
             first = order[-1]
         else:
-            after = comparisons_[i + 1] if i + 1 < len(comparisons_) else None
+            after = comparisons_[i + 1] if i + 1 < len(comparisons_) and c.kind != "same_as" else None
             shared = {after.row, after.reference} if after else set()
             first = c.row if c.reference in shared and c.row not in shared else c.reference
             order.append(first)
         second = c.reference if first == c.row else c.row
         order.append(second)
+        alone = c.kind == "same_as"
         at = {first: len(order) - 2, second: len(order) - 1}
         placed.append((c, at[c.row], at[c.reference]))
     jobs, pairs = [], []
@@ -118,22 +123,42 @@ def spread(ratios: list[float]) -> tuple[float, float, float] | None:
     return statistics.median(ratios), min(ratios), max(ratios)
 
 
+MIN_PAIRS = 3  # no verdict from fewer pairs, and no noise floor from fewer self pairs
+OUTLIER_MADS = 4.0  # a pair whose log ratio lies more than this many median absolute deviations from its
+OUTLIER_MIN = 0.10  # comparison's median, and more than 10 % from it, lies far from its siblings: re-run
+SCATTER_TIMES = 3.0  # a run whose blocks spread (step_blocks_spread) more than 3 times its configuration's median
+SCATTER_MIN = 0.15  # spread, and more than 15 %, was disturbed within its window: its pairs are re-run
+NOISY_FLOOR = 0.15  # a noise floor wider than +-15 %: the machine was too busy for any verdict ("disturbed")
+
+
 def noise_floor(self_ratios: list[float]) -> float | None:
-    """How far from 1.0 a ratio of a configuration to itself strayed: max |ratio - 1| over the self pairs' ratios
-    (None without a self pair). A ratio within 1 +- floor is what measuring the same code twice gives."""
-    return max(abs(r - 1) for r in self_ratios) if self_ratios else None
+    """How far from 1.0 a ratio of a configuration to itself strayed: max |ratio - 1| over the self pairs' ratios,
+    those `assess` found undisturbed (a pair far from its siblings is re-run and left out, so one disturbed pair
+    cannot set the floor). None from fewer than MIN_PAIRS ratios: a floor needs at least 3 pairs. A ratio within
+    1 +- floor is what measuring the same code twice gives."""
+    return max(abs(r - 1) for r in self_ratios) if len(self_ratios) >= MIN_PAIRS else None
 
 
-def verdict(ratios: list[float], floor: float | None) -> str:
-    """ "faster" when every pair's ratio is above 1 + floor, "slower" when every one is below 1 - floor, else "no
-    measurable difference" (the pairs disagree, or straddle 1 within the noise). Without a measured floor, 0: the
-    pairs must only agree on their side of 1. "not measured" without any ratio."""
+def verdict(ratios: list[float], floor: float | None, disturbed: int = 0, pairs: int | None = None) -> str:
+    """The verdict of a comparison from its undisturbed pair ratios `ratios`: "faster" when every one is above 1 +
+    floor, "slower" when every one is below 1 - floor, else "no measurable difference" (the pairs disagree, or
+    straddle 1 within the noise). No verdict from fewer than MIN_PAIRS pairs (`pairs`, default len(ratios)): then
+    "disturbed" when `disturbed` pairs were left out and re-runs did not replace them, else "no verdict: N pair(s),
+    3 needed"; none without a noise floor (`floor` None): "no verdict: no noise floor"; "disturbed" when the floor is
+    wider than NOISY_FLOOR (the self pairs strayed that far even after re-runs: the machine was busy throughout).
+    "not measured" without any ratio."""
+    n = len(ratios) if pairs is None else pairs
     if not ratios:
-        return "not measured"
-    margin = floor or 0.0
-    if min(ratios) > 1 + margin:
+        return "disturbed" if disturbed else "not measured"
+    if n < MIN_PAIRS:
+        return "disturbed" if disturbed else f"no verdict: {n} pair{'s' * (n != 1)}, {MIN_PAIRS} needed"
+    if floor is None:
+        return "no verdict: no noise floor"
+    if floor > NOISY_FLOOR:  # a copy of the same run strayed this far: "no measurable difference" would mislead
+        return "disturbed"
+    if min(ratios) > 1 + floor:
         return "faster"
-    if max(ratios) < 1 - margin:
+    if max(ratios) < 1 - floor:
         return "slower"
     return "no measurable difference"
 
@@ -156,28 +181,140 @@ def is_self_pair(comparison: Comparison, matrix: list[dict]) -> bool:
 
 
 def run_speeds(runs) -> dict[int, float]:
-    """images/s of each finished, measured run of `runs` (runs.csv), by job index."""
+    """The rate of each finished, measured run of `runs` (runs.csv), by job index, that pairs compare: global batch x
+    1000 / `step_ms_blocked` (images/s of the median block of steps, see common.meter.blocked), which seconds of
+    another program's load in one block do not move; images/s over the whole window where a run has no blocked
+    step time (a folder from before it)."""
     import pandas as pd
 
-    return {
-        int(job): float(ips)
-        for job, status, ips in zip(
-            runs.job, runs.status, pd.to_numeric(runs.images_per_s, errors="coerce"), strict=True
-        )
-        if status == "ok" and pd.notna(ips) and pd.notna(job) and ips > 0
-    }
+    def column(name):
+        return pd.to_numeric(runs[name], errors="coerce") if name in runs else pd.Series([None] * len(runs))
+
+    speeds = {}
+    for job, status, ips, batch, blocked in zip(
+        runs.job, runs.status, column("images_per_s"), column("global_batch"), column("step_ms_blocked"), strict=True
+    ):
+        if status != "ok" or pd.isna(job) or pd.isna(ips) or ips <= 0:
+            continue
+        speeds[int(job)] = 1e3 * batch / blocked if pd.notna(batch) and pd.notna(blocked) and blocked > 0 else ips
+    return speeds
+
+
+def scattered_runs(runs) -> dict[int, str]:
+    """The runs (job index -> why) whose steps scattered far beyond their configuration's other runs: a
+    step_blocks_spread over SCATTER_TIMES x the configuration's median spread and over SCATTER_MIN (another
+    program took the cores during part of the window)."""
+    import pandas as pd
+
+    if "step_blocks_spread" not in runs:
+        return {}
+    ok = runs[(runs.status == "ok") & runs.job.notna()]
+    spreads = pd.to_numeric(ok.step_blocks_spread, errors="coerce")
+    found = {}
+    for config, group in spreads.groupby(ok.config):
+        usual = group.median()
+        for index, value in group.items():
+            if pd.notna(value) and value > max(SCATTER_TIMES * usual, SCATTER_MIN):
+                found[int(ok.job[index])] = (
+                    f"a run's blocks of steps spread {100 * value:.0f} % "
+                    f"(its configuration's runs: {100 * usual:.0f} %)"
+                )
+    return found
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One pair of a plan, judged: its `ratio` (None where a run failed or was not measured) and `disturbed`, why it
+    is left out ("" when it is not)."""
+
+    comparison: Comparison
+    round: int
+    row_job: int
+    reference_job: int
+    ratio: float | None
+    disturbed: str
+
+
+def assess(runs, plan: list[tuple[Comparison, int, int, int]]) -> list[Pair]:
+    """Every pair of `plan` with its ratio (`run_speeds`: the row's rate over its adjacent reference run's) and
+    whether it is disturbed: one of its runs scattered (`scattered_runs`), or its ratio lies far from its siblings
+    (the comparison's other undisturbed pairs): farther than OUTLIER_MADS median absolute deviations of the log
+    ratios from their median and more than OUTLIER_MIN from it. The median and its deviation come from all of the
+    comparison's pairs, so with 3 pairs one far pair is found whatever side it is on."""
+    import math
+
+    speed, scattered = run_speeds(runs), scattered_runs(runs)
+    judged = []
+    for c, r, a, b in plan:
+        ratio = speed[a] / speed[b] if a in speed and b in speed else None
+        judged.append([c, r, a, b, ratio, scattered.get(a) or scattered.get(b) or ""])
+    for c in dict.fromkeys(p[0] for p in judged):
+        mine = [p for p in judged if p[0] == c and p[4] is not None and not p[5]]
+        if len(mine) < 3:
+            continue
+        logs = [math.log(p[4]) for p in mine]
+        middle = statistics.median(logs)
+        limit = max(OUTLIER_MADS * statistics.median(abs(x - middle) for x in logs), math.log1p(OUTLIER_MIN))
+        for p, x in zip(mine, logs, strict=True):
+            if abs(x - middle) > limit:
+                p[5] = f"{p[4]:.2f}× lies far from its siblings' median {math.exp(middle):.2f}×"
+    return [Pair(*p) for p in judged]
 
 
 def pair_ratios(runs, plan: list[tuple[Comparison, int, int, int]]) -> dict[Comparison, list[float]]:
-    """Each comparison's pair ratios, round by round: images/s of the row's run over its adjacent reference run's,
-    from `runs` (runs.csv: job, status, images_per_s). A pair where either run failed or was not measured is left
-    out (so a comparison may have fewer ratios than rounds, or none)."""
-    speed, ratios = run_speeds(runs), {}
-    for comparison, _, row_job, reference_job in plan:
-        found = ratios.setdefault(comparison, [])
-        if row_job in speed and reference_job in speed:
-            found.append(speed[row_job] / speed[reference_job])
+    """Each comparison's undisturbed pair ratios (`assess`), in plan order. A pair where either run failed or was not
+    measured, or that is disturbed, is left out (so a comparison may have fewer ratios than rounds, or none)."""
+    ratios: dict[Comparison, list[float]] = {}
+    for p in assess(runs, plan):
+        found = ratios.setdefault(p.comparison, [])
+        if p.ratio is not None and not p.disturbed:
+            found.append(p.ratio)
     return ratios
+
+
+def disturbed_counts(runs, plan: list[tuple[Comparison, int, int, int]]) -> dict[Comparison, int]:
+    """How many of each comparison's pairs `assess` left out as disturbed."""
+    counts: dict[Comparison, int] = {}
+    for p in assess(runs, plan):
+        counts[p.comparison] = counts.get(p.comparison, 0) + bool(p.disturbed)
+    return counts
+
+
+def reruns_due(
+    runs, plan: list[tuple[Comparison, int, int, int]], rounds: int, done: dict[Comparison, int], most: int
+) -> list[tuple[Comparison, str]]:
+    """The comparisons to re-run one pair of now, with why: those with a disturbed pair and fewer undisturbed pairs
+    than `rounds`, that have had fewer than `most` re-runs (`done`, per comparison). A failed run is not re-run."""
+    due, seen = [], set()
+    judged = assess(runs, plan)
+    for p in judged:
+        c = p.comparison
+        if c in seen or not p.disturbed or done.get(c, 0) >= most:
+            continue
+        good = sum(1 for q in judged if q.comparison == c and q.ratio is not None and not q.disturbed)
+        if good < rounds:
+            seen.add(c)
+            due.append((c, p.disturbed))
+    return due
+
+
+def ensure_self_pair(matrix: list[dict]) -> str | None:
+    """Add a self pair to a matrix that compares rows but has none: a copy of the first comparison's reference,
+    named "<reference>, again", in front (its pairs' spread is the noise floor a verdict needs). Returns the added
+    row's name, or None when the matrix has a self pair or no comparison."""
+    found = comparisons(matrix)
+    if not found or any(is_self_pair(c, matrix) for c in found):
+        return None
+    reference = next(run for run in matrix if run["name"] == found[0].reference)
+    copy = {
+        **{k: v for k, v in reference.items() if k not in {"ladder", "rung_base", "memory", "sweep", "knob", "ceiling",
+                                                         "ablation_of"}},
+        "name": f"{reference['name']}, again",
+        "same_as": reference["name"],
+        "note": "the self pair the bench added (the matrix had none): its spread is the noise floor",
+    }  # fmt: skip
+    matrix.insert(0, copy)
+    return copy["name"]
 
 
 def plan(
@@ -185,8 +322,10 @@ def plan(
 ) -> tuple[list[Job], list[tuple[Comparison, int, int, int]]]:
     """Every run of a bench, in order: the paired rounds (`schedule` of the comparisons whose two rows both run here,
     `skipped` naming the rows this machine cannot run), then each row in no comparison, `repeats` times, in matrix
-    order (round -1). Returns (jobs, pairs) as `schedule`."""
-    compared = [c for c in comparisons(matrix) if c.row not in skipped and c.reference not in skipped]
+    order (round -1): a row with `paired = false` (a memory table whose lesson is memory, not speed) runs so,
+    without its comparisons. Returns (jobs, pairs) as `schedule`."""
+    alone = skipped | {run["name"] for run in matrix if run.get("paired") is False}  # `paired = false`: no pairs
+    compared = [c for c in comparisons(matrix) if c.row not in alone and c.reference not in alone]
     jobs, pairs = schedule(compared, rounds)
     paired = {job.config for job in jobs}
     for run in matrix:
@@ -197,21 +336,26 @@ def plan(
 
 def plan_table(pairs: list[tuple[Comparison, int, int, int]], runs=None):
     """The pairs as a DataFrame (pairs.csv): row, reference, kind, round, row_job, reference_job, and with `runs`
-    (runs.csv) each run's images/s and the pair's ratio (empty where a run failed or was not measured)."""
+    (runs.csv) each run's rate (`run_speeds`), the pair's ratio (empty where a run failed or was not measured) and
+    `disturbed`, why `assess` left the pair out (empty when it counts)."""
     import pandas as pd
 
     speed = run_speeds(runs) if runs is not None else {}
+    judged = {}
+    if runs is not None:
+        judged = {(p.comparison, p.round, p.row_job, p.reference_job): p for p in assess(runs, pairs)}
     return pd.DataFrame(
         [
             {
                 "row": c.row, "reference": c.reference, "kind": c.kind, "round": r, "row_job": a, "reference_job": b,
                 "row_images_per_s": speed.get(a), "reference_images_per_s": speed.get(b),
                 "ratio": speed[a] / speed[b] if a in speed and b in speed else None,
+                "disturbed": judged[(c, r, a, b)].disturbed if (c, r, a, b) in judged else "",
             }
             for c, r, a, b in pairs
         ],
         columns=["row", "reference", "kind", "round", "row_job", "reference_job", "row_images_per_s",
-                 "reference_images_per_s", "ratio"],
+                 "reference_images_per_s", "ratio", "disturbed"],
     )  # fmt: skip
 
 

@@ -20,6 +20,7 @@ def fail(message: str) -> None:
 PROFILE_KEYS = {
     "repeats",
     "pairs",
+    "reruns",
     "timeout_s",
     "args",
     "gemm_seconds",
@@ -28,6 +29,7 @@ PROFILE_KEYS = {
 RUN_KEYS = {
     "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
     "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob", "same_as", "skip",
+    "paired",
 }  # fmt: skip
 
 
@@ -58,11 +60,17 @@ def load_profile(matrix: Path, profile: str) -> dict:
     if "pairs" in table and not (isinstance(table["pairs"], int) and not isinstance(table["pairs"], bool)
                                  and table["pairs"] >= 0):  # fmt: skip
         fail(f"{where}: pairs must be a whole number, 0 or more (0: no interleaved pairs), got {table['pairs']!r}")
+    if "reruns" in table and not (isinstance(table["reruns"], int) and not isinstance(table["reruns"], bool)
+                                  and table["reruns"] >= 0):  # fmt: skip
+        fail(f"{where}: reruns must be a whole number, 0 or more (0: no re-run of a disturbed pair), got "
+             f"{table['reruns']!r}")  # fmt: skip
     for run in runs:
         at = f"run {run['name']!r} of {where}"
         _known_keys_only(run, RUN_KEYS, at)
         if not isinstance(run.get("script"), str) or not (REPO / run["script"]).is_file():
             fail(f'{at}: script {run.get("script")!r} is not a file of the repository (e.g. "src/train.py")')
+        if not isinstance(run.get("paired", True), bool):
+            fail(f"{at}: paired must be true or false, got {run['paired']!r}")
         if run.get("launcher", "python") not in ("python", "torchrun"):
             fail(f'{at}: launcher must be "python" or "torchrun", got {run["launcher"]!r}')
         if "nproc" in run and run["nproc"] != "gpus" and not (isinstance(run["nproc"], int) and run["nproc"] > 0):

@@ -46,6 +46,8 @@ RUN_FIELDS = [
     "allreduces_per_step",
     "step_ms_p50",
     "step_ms_p90",
+    "step_ms_blocked",  # the median block's mean step time (common.meter.blocked): what pairs compare
+    "step_blocks_spread",  # (slowest - fastest block) / median block: a run disturbed within its window scatters
     "data_wait_frac",
     "peak_mem_allocated_gib",
     "peak_mem_reserved_gib",

@@ -26,10 +26,12 @@ def summarise(
     matrix: list[dict],
     ratios: dict[Comparison, list[float]] | None = None,
     floor: float | None = None,
+    disturbed: dict[Comparison, int] | None = None,
 ) -> pd.DataFrame:
     """One row per configuration, in matrix order: medians over its ok runs (min-max for images/s) and, from the
-    interleaved pairs' `ratios` (pairs.pair_ratios), each comparison's median ratio, spread and verdict against the
-    noise floor `floor` (`add_comparisons`). No ratio comes from single runs at different times."""
+    interleaved pairs' undisturbed `ratios` (pairs.pair_ratios), each comparison's median ratio, spread and verdict
+    against the noise floor `floor`, and how many of its pairs were left out as `disturbed` (`add_comparisons`). No
+    ratio comes from single runs at different times."""
     rows = []
     for run in matrix:
         mine = runs[runs.config == run["name"]]
@@ -71,7 +73,7 @@ def summarise(
     summary = pd.DataFrame(rows)
     if "images_per_s" not in summary:
         summary["images_per_s"] = None
-    add_comparisons(summary, ratios or {}, floor)
+    add_comparisons(summary, ratios or {}, floor, disturbed or {})
     summary["limited_by"] = [
         limited_by(w, c)
         for w, c in zip(
@@ -84,7 +86,7 @@ def summarise(
 
 
 # The summary's columns for each kind of comparison (pairs.KINDS): the median pair ratio, then `_lo`, `_hi` (the
-# min-max over the pairs), `_pairs` (how many) and `_verdict`.
+# min-max over the pairs), `_pairs` (how many), `_disturbed` (pairs left out) and `_verdict`.
 COLUMNS = {
     "same_as": "x_self",
     "rung_base": "speedup_rung",
@@ -95,41 +97,53 @@ COLUMNS = {
 }
 
 
-def add_comparisons(summary: pd.DataFrame, ratios: dict[Comparison, list[float]], floor: float | None) -> None:
-    """Fill in `summary`'s comparison columns from each comparison's pair ratios (`ratios`), with verdicts against the
-    noise floor `floor`; and the chains' products: `speedup`, a ladder rung over the ladder's first rung, and
+def add_comparisons(
+    summary: pd.DataFrame,
+    ratios: dict[Comparison, list[float]],
+    floor: float | None,
+    disturbed: dict[Comparison, int] | None = None,
+) -> None:
+    """Fill in `summary`'s comparison columns from each comparison's undisturbed pair ratios (`ratios`) and its count
+    of pairs left out (`disturbed`), with verdicts against the noise floor `floor` (pairs.verdict); and the chains'
+    products: `speedup`, a ladder rung over the ladder's first rung, and
     `x_sweep_first`, a sweep point over the sweep's first point, each the product of the links' ratios down the chain
     (median x median ..., its range the product of the links' ranges: a bound, as the links' pairs ran at different
-    times; `_pairs` the fewest pairs of a link)."""
+    times; `_pairs` the fewest pairs of a link; "disturbed" when a link is)."""
+    disturbed = disturbed or {}
     for column in [*COLUMNS.values(), "speedup", "x_sweep_first"]:
-        for suffix in ("", "_lo", "_hi", "_pairs", "_verdict"):
+        for suffix in ("", "_lo", "_hi", "_pairs", "_disturbed", "_verdict"):
             summary[column + suffix] = None
     index = {name: i for i, name in enumerate(summary.config)}
     links: dict[str, dict] = {"rung_base": {}, "sweep": {}}
     for comparison, values in ratios.items():
         if comparison.row not in index:
             continue
-        column, s = COLUMNS[comparison.kind], spread(values)
+        column, s, left_out = COLUMNS[comparison.kind], spread(values), disturbed.get(comparison, 0)
+        i = index[comparison.row]
+        summary.loc[i, f"{column}_disturbed"] = left_out
+        summary.loc[i, f"{column}_verdict"] = verdict(values, floor, left_out)
         if s is None:
             continue
-        i = index[comparison.row]
         summary.loc[i, [column, f"{column}_lo", f"{column}_hi"]] = s
         summary.loc[i, f"{column}_pairs"] = len(values)
-        summary.loc[i, f"{column}_verdict"] = verdict(values, floor)
         if comparison.kind in links:
-            links[comparison.kind][comparison.row] = (comparison.reference, s, len(values))
+            judged = verdict(values, floor, left_out)
+            links[comparison.kind][comparison.row] = (comparison.reference, s, len(values), judged)
     for kind, column in (("rung_base", "speedup"), ("sweep", "x_sweep_first")):
         for name in summary.config:  # the chain of links down to its first row
-            product, seen, fewest, at = (1.0, 1.0, 1.0), set(), None, name
+            product, seen, fewest, at, judged = (1.0, 1.0, 1.0), set(), None, name, set()
             while at in links[kind] and at not in seen:
                 seen.add(at)
-                at, (median, lo, hi), n = links[kind][at]
+                at, (median, lo, hi), n, link = links[kind][at]
                 product, fewest = (product[0] * median, product[1] * lo, product[2] * hi), min(n, fewest or n)
+                judged.add(link)
             if seen:
                 i = index[name]
                 summary.loc[i, [column, f"{column}_lo", f"{column}_hi"]] = product
                 summary.loc[i, f"{column}_pairs"] = fewest
-                summary.loc[i, f"{column}_verdict"] = verdict([product[1], product[2]], floor)
+                summary.loc[i, f"{column}_verdict"] = (
+                    "disturbed" if "disturbed" in judged else verdict([product[1], product[2]], floor, pairs=fewest)
+                )
 
 
 def limited_by(data_wait: float, of_ceiling: float | None = None) -> str:

@@ -211,7 +211,8 @@ start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, None, device)  # new # the whole model, every rank
-    optimizer.load_state_dict(state["stage_optimizers"][rank])  # new # this stage's AdamW state
+    # new # this stage's AdamW state: one line, not a traceback, when it does not fit (a damaged file)
+    common.load_part(checkpoint, optimizer, state, "stage_optimizers", rank)  # new #
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)

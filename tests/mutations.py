@@ -62,6 +62,12 @@ MUTATIONS = [
     ("train_FSDP.py", "a mid-epoch resume that skips one batch too many", "src/train_FSDP.py",
      "    done = max(0, step - epoch * len(train_loader))", "    done = max(0, step - epoch * len(train_loader)) + 1",
      EQ + "test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit"),
+    ("train_FSDP.py", "every rank's sampler given rank 0's shard of Fashion-MNIST", "src/train_FSDP.py",
+     "num_replicas=world_size, rank=rank, shuffle=True", "num_replicas=world_size, rank=0, shuffle=True",
+     EQ + "test_fsdp_two_ranks_of_128_on_fashion_mnist_take_the_steps_of_train_py_with_256_every_epoch"),
+    ("train_FSDP.py", "set_epoch removed: every epoch repeats the first one's order of Fashion-MNIST",
+     "src/train_FSDP.py", "        sampler.set_epoch(epoch)  # new #\n", "        pass\n",
+     EQ + "test_fsdp_two_ranks_of_128_on_fashion_mnist_take_the_steps_of_train_py_with_256_every_epoch"),
     ("train_amp.py", "unscale_ removed before clipping: the scaled gradients are clipped", "src/train_amp.py",
      "            scaler.unscale_(optimizer)  # new #", "            pass  # new #",
      EQ + "test_amp_float16_with_gradscaler_clips_the_true_gradients_of_train_py"),
@@ -115,6 +121,15 @@ MUTATIONS = [
      "src/train_pipeline.py",
      "            dist.all_reduce(square)\n", "            pass\n",
      EQ + "test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_their_bubble[1f1b-1.0]"),
+    ("train_TP.py", "a resume that restores the model but not the AdamW state (its moments start again at 0)",
+     "src/train_TP.py", 'set_state_dict(model, optimizer, model_state_dict=state["model"], '
+     'optim_state_dict=state["full_optimizer"],', 'set_state_dict(model, [], model_state_dict=state["model"], '
+     "optim_state_dict={},",
+     EQ + "test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights[TP]"),
+    ("train_pipeline.py", "last.pt written without the first stage's current weights (no sync before the save): a "
+     "resume from a SIGTERM mid-epoch restarts stage 0 from stale weights",
+     "src/train_pipeline.py", "    sync_whole_model()  # new #\n", "    pass  # new #\n",
+     EQ + "test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights[pipeline]"),
     ("loader_DALI.py", "DALI's per-epoch shuffle off: every epoch the first one's order", "src/loader_DALI.py",
      "        shuffle_after_epoch=training,", "        shuffle_after_epoch=False,",
      EQ + "test_every_epoch_is_a_fresh_permutation_of_the_files[src/loader_DALI.py]"),

@@ -2,6 +2,7 @@
 keeps the finished rows, --resume, and --tables-only (the smoke profile's outputs: test_smoke.py); and, in this
 process, a signal at each moment of a run (before its child starts, while it starts, while it runs)."""
 
+import json
 import os
 import signal
 import subprocess
@@ -275,3 +276,40 @@ def test_bf16_rows_skip_on_a_cpu_without_bf16_and_say_which_ladder_runs_them():
     run = {"name": "train_compile.py cnn, bf16", "requires": "bf16"}
     assert profiles.skip_reason(run, gpus=0, bf16=True) is None
     assert "no bf16 instructions" in profiles.skip_reason(run, gpus=0, bf16=False)
+
+
+def test_a_busy_machine_is_noticed_re_run_and_never_turned_into_a_verdict(tmp_path):
+    """A synthetic hog, deterministic: real training runs whose steps are slowed where tests/slow_steps says (as if
+    another program took the cores). Run 2 of T takes 4 times as long in every step (its pair's ratio lies far from
+    its siblings); run 3 of its copy 20 times as long in three steps of one block (its steps scatter). Each disturbed
+    pair is named, re-run (a progress line says why) and left out of the ratios; re-runs are bounded."""
+    quick = ('["--device", "cpu", "--model", "mlp", "--dataset", "synthetic", "--image-size", "28", "--subset", '
+             '"1024", "--batch-size", "64", "--epochs", "1", "--warmup-steps", "2", "--workers", "0"]')  # fmt: skip
+    matrix = tmp_path / "matrix.toml"
+    matrix.write_text(
+        f"[h]\npairs = 3\nreruns = 2\ntimeout_s = 300\ngemm_seconds = 0.05\n"
+        f'[[h.runs]]\nname = "T"\nscript = "src/train.py"\nargs = {quick}\n'
+        f'[[h.runs]]\nname = "T again"\nscript = "src/train.py"\nargs = {quick}\nsame_as = "T"\n'
+    )
+    slow = {"T-r2.json": [0, 99, 4], "T-again-r3.json": [6, 8, 20]}  # every step 4x as long; 3 steps 20x
+    env = {**os.environ, "SLOW_STEPS": json.dumps(slow), "SLOW_STEPS_PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, "bench/bench.py", "--profile", "h", "--matrix", matrix, "--out", out,
+         "--python", REPO / "tests" / "slow_steps" / "python"],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    plan = pd.read_csv(out / "pairs.csv", dtype={"disturbed": str}).fillna({"disturbed": ""})
+    runs_ = pd.read_csv(out / "runs.csv").set_index("job")
+    log = lambda job: Path(runs_.log[job]).stem  # noqa: E731
+    hit = plan[plan.disturbed != ""]
+    reasons = dict(zip(hit.row_job, hit.disturbed)) | dict(zip(hit.reference_job, hit.disturbed))
+    named = {log(j): why for j, why in reasons.items()}
+    assert "far from its siblings" in named.get("T-r2", ""), hit  # every step slow: the pair's ratio stands out
+    assert "spread" in named.get("T-again-r3", ""), hit  # one block slow: the run's steps scatter
+    assert (proc.stdout + proc.stderr).count("bench: re-running") >= 2
+    reruns = plan[plan["round"] >= 3]
+    assert 2 <= len(reruns) <= 2  # each disturbed pair re-ran once; `reruns` bounds them
+    assert not {log(j) for j in [*reruns.row_job, *reruns.reference_job]} & {"T-r2", "T-again-r3"}
+    assert "left out" in (out / "table.md").read_text() or "disturbed" in (out / "table.md").read_text()

@@ -71,3 +71,33 @@ def test_a_checkpoint_round_trip_restores_model_optimizer_and_loss_scale(tmp_pat
     assert state["format"] == common.checkpoint.CHECKPOINT_FORMAT and state["made_by"]["state"] == ["scaler"]
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
     assert twin_optimizer.state_dict()["state"][0]["step"] == 1 and twin_scaler.get_scale() == 1024.0
+
+
+def test_resume_refuses_another_stage_cut_and_an_optimizer_state_of_other_shapes(tmp_path, capsys):
+    """--balance is part of what a checkpoint must share (train_pipeline.py keeps one optimizer state per stage, which
+    fits only the cut that saved it; train_model_parallel.py's file names its cut too): another cut is refused
+    before anything is loaded. An optimizer state with as many parameters as the optimizer it is loaded into but
+    other shapes (a stage's state given to the other stage: load_state_dict counts the parameters, it does not
+    measure them) is refused by load_part in load_checkpoint's one line, not left to fail at the first step."""
+    model = common.build_model("mlp")
+    common.save_checkpoint(tmp_path / "last.pt", _args(balance="params"), model, None, 1, 10)
+    with pytest.raises(SystemExit) as exit:
+        common.load_checkpoint(tmp_path / "last.pt", _args(balance="flops"), model)
+    assert exit.value.code == 2
+    assert "stage cut (--balance) params there, flops here" in capsys.readouterr().err
+
+    stages = [torch.nn.Linear(4, 3), torch.nn.Linear(3, 4)]  # two parameters each, of other shapes
+    optimizers = [torch.optim.AdamW(stage.parameters()) for stage in stages]
+    for stage, optimizer in zip(stages, optimizers):
+        stage(torch.randn(2, stage.in_features)).sum().backward()
+        optimizer.step()
+    state = {"stage_optimizers": [optimizers[1].state_dict(), optimizers[0].state_dict()]}  # swapped
+    before = optimizers[0].state_dict()["state"][0]["exp_avg"].clone()
+    with pytest.raises(SystemExit) as exit:
+        common.checkpoint.load_part(tmp_path / "last.pt", optimizers[0], state, "stage_optimizers", 0)
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert "does not fit this model and optimizer (exp_avg of shape (4, 3) for a parameter of shape (3, 4))" in err
+    assert len(err.strip().splitlines()) == 1
+    assert torch.equal(optimizers[0].state_dict()["state"][0]["exp_avg"], before)  # nothing loaded
+    common.checkpoint.load_part(tmp_path / "last.pt", optimizers[0], state, "stage_optimizers", 1)  # its own: loads

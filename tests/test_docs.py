@@ -1,5 +1,6 @@
 """The README and docs/ say what the code does: every run line parses with its script's own parser, every relative
-link resolves, and the README stays short.
+link resolves, and the README stays short. The pages quote only result folders of the current scripts (never
+results/archive/), each ratio and rate as the folder named beside it holds it, and name only tests that exist.
 
 Run lines are read from README.md, every page under docs/ (inside ``` blocks, one command a line, `\\` continuing
 it, and inside `code spans`) and every script's docstring (its indented run lines, which --help also prints): each
@@ -176,3 +177,161 @@ def test_the_readme_is_short_and_links_one_page_per_technique():
     for script in (REPO / "src").glob("*.py"):  # the scripts (src/common/ is a package)
         page = f"docs/techniques/{script.stem}.md"
         assert (REPO / page).is_file() and f"({page})" in readme, f"{page}: missing, or not linked from README"
+
+
+# -- The pages quote the results of the current scripts -----------------------------------------------------------
+# A page names its evidence beside the number: a results folder (`results/<folder>/`, often a link to its table.md).
+# results/archive/ holds superseded folders; its README.md (the index of what each held and why it went) is not
+# evidence and may be linked, nothing under it may be cited.
+RESULTS = REPO / "results"
+ARCHIVE = re.compile(r"results/archive/([^\s)\]`'\"<>|,;]*)")
+FOLDER = re.compile(r"results/([A-Za-z0-9][\w.-]*)/")
+# What a page quotes as measured: a ratio (1.50×, with its min–max when given: 1.50× (1.22–1.57)) or a rate
+# (1,240.0 images/s, 8,824 tokens/s (8409–11523)). Dimensions are written with spaces (2 × 64), ratios without.
+NUMBER = r"\d[\d,]*(?:\.\d+)?"
+RANGE = rf"(?:\s*\(({NUMBER})–({NUMBER})\))?"
+RATE = r"\s?(?:images/s|img/s|tokens/s)"
+QUOTED = re.compile(rf"({NUMBER})×{RANGE}|({NUMBER}){RATE}{RANGE}")
+RATIO_IN_FILES = re.compile(rf"({NUMBER})×")
+SPREAD_IN_FILES = re.compile(rf"({NUMBER})(?:×|{RATE})?\s*\(({NUMBER})–({NUMBER})\)")
+IN_FILES = re.compile(r"\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?")
+
+
+def archive_citations(text: str) -> list[tuple[int, str]]:
+    """(line, path) of each path under results/archive/ other than the folder's own name and its README.md index."""
+    return [
+        (n, f"results/archive/{tail}")
+        for n, line in enumerate(text.splitlines(), start=1)
+        for tail in ARCHIVE.findall(line)
+        if tail not in ("", "README.md")
+    ]
+
+
+def test_no_page_cites_an_archived_result_folder_as_evidence():
+    """README.md, docs/*.md and docs/techniques/*.md quote only result folders of the current scripts; the check
+    itself is shown to fail on a link into an archived folder and to pass the archive's index."""
+    assert archive_citations("[`x/`](../../results/archive/cpu-2core-2026-11-23/table.md)")
+    assert not archive_citations("superseded: [`results/archive/`](results/archive/README.md)")
+    found = [
+        f"{page.relative_to(REPO)}:{n}: {path}" for page in PAGES for n, path in archive_citations(page.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+def _value(text: str) -> float:
+    return float(text.replace(",", ""))
+
+
+_FOLDERS: dict[str, dict] = {}
+
+
+def folder_holds(folder: str) -> dict:
+    """What a result folder's own files (*.md, *.csv, *.txt, *.json at its top, not its logs) hold: every number
+    (1,234.5 read as 1234.5), the ratios (a number and ×) and the spreads (a ratio or rate with its (min–max))."""
+    if folder not in _FOLDERS:
+        numbers, ratios, spreads = set(), set(), set()
+        for path in sorted((RESULTS / folder).iterdir()):
+            if path.is_file() and path.suffix in (".md", ".csv", ".txt", ".json"):
+                text = path.read_text(errors="replace")
+                numbers.update(_value(n) for n in IN_FILES.findall(text))
+                ratios.update(_value(n) for n in RATIO_IN_FILES.findall(text))
+                spreads.update(tuple(_value(n) for n in m) for m in SPREAD_IN_FILES.findall(text))
+        _FOLDERS[folder] = {"numbers": numbers, "ratios": ratios, "spreads": spreads}
+    return _FOLDERS[folder]
+
+
+def rounds_to(quoted: str, value: float) -> bool:
+    """Whether value, rounded to the quoted number's decimals, is the quoted number (0.88 for 0.8812)."""
+    text = quoted.replace(",", "")
+    return abs(float(text) - value) <= 0.5 * 10.0 ** -len(text.partition(".")[2]) + 1e-9
+
+
+def held(quoted: tuple[str, ...], kind: str, folders: list[str]) -> bool:
+    """Whether a folder holds what a page quotes: a value with its (min–max) as one spread, a ratio among the ratios,
+    a rate among the numbers; each to the quoted number of decimals."""
+    for folder in folders:
+        holds = folder_holds(folder)
+        if len(quoted) == 3:
+            if any(all(map(rounds_to, quoted, spread)) for spread in holds["spreads"]):
+                return True
+        elif any(rounds_to(quoted[0], v) for v in holds["ratios" if kind == "ratio" else "numbers"]):
+            return True
+    return False
+
+
+def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
+    """(line, number, folders) of each ratio or rate a line quotes that the result folders it names do not hold.
+    A line's folders: those it names; a table row that names none takes those named in the paragraph just above its
+    table. Lines in ``` blocks, folders that do not exist and results/archive/ (cited nowhere) are left out."""
+    found, block, paragraph, table, fresh = [], False, [], None, True
+    for n, line in enumerate(text.splitlines(), start=1):
+        if line.lstrip().startswith("```"):
+            block = not block
+            continue
+        if block:
+            continue
+        named = [f for f in FOLDER.findall(line) if f != "archive" and (RESULTS / f).is_dir()]
+        if line.lstrip().startswith("|"):
+            table = paragraph if table is None else table
+            folders, fresh = named or table, True
+        elif not line.strip() or line.startswith("#"):
+            table, fresh = None, True
+            paragraph = [] if line.startswith("#") else paragraph
+            continue
+        else:
+            table = None
+            paragraph, fresh = ([] if fresh else paragraph) + named, False
+            folders = named
+        if not folders:
+            continue
+        for match in QUOTED.finditer(line):
+            groups = match.groups()
+            kind, quoted = ("ratio", groups[:3]) if groups[0] else ("rate", groups[3:])
+            quoted = tuple(q for q in quoted if q)
+            if not held(quoted, kind, folders):
+                found.append((n, match.group(0), folders))
+    return found
+
+
+def test_every_ratio_and_rate_a_page_quotes_is_in_the_result_folder_it_names():
+    """Each ratio (1.50×, its min–max) and rate (images/s, tokens/s) on a line that names a result folder, or in a
+    table whose caption names one, is in that folder's table.md, ladder.md, summary.csv, pairs.csv, README.md...
+    (thousands separators and rounding to the quoted decimals allowed). Shown to fail on a changed digit."""
+    folder = "cpu-2core-avx2-2026-11-25-gpt"
+    row = f"1,793.8 images/s, 1.50× (1.22–1.57), faster ([table](results/{folder}/table.md))"
+    assert not unheld_numbers(row)
+    assert [q for _, q, _ in unheld_numbers(row.replace("1.22", "1.23"))] == ["1.50× (1.23–1.57)"]
+    assert [q for _, q, _ in unheld_numbers(row.replace("1,793.8", "1,793.9"))] == ["1,793.9 images/s"]
+    caption = f"From [`{folder}/`](results/{folder}/ladder.md):\n\n| rung | × |\n|---|---|\n| compile | 0.73× |\n"
+    assert [q for _, q, _ in unheld_numbers(caption)] == ["0.73×"]  # a table row takes its caption's folder
+    found = [
+        f"{page.relative_to(REPO)}:{n}: {q} is in none of {', '.join(folders)}"
+        for page in PAGES
+        for n, q, folders in unheld_numbers(page.read_text())
+    ]
+    assert not found, "\n".join(found)
+
+
+def unknown_tests(text: str, defined: set[str]) -> list[tuple[int, str]]:
+    """(line, name) of each test a text names (`test_` and three words or more, so not a variable such as test_set,
+    nor a file such as test_gpt.py) that is not in `defined`."""
+    return [
+        (n, name)
+        for n, line in enumerate(text.splitlines(), start=1)
+        for name in re.findall(r"\b(test(?:_[a-z0-9]+){3,})\b(?!\.py)", line)
+        if name not in defined
+    ]
+
+
+def test_every_test_a_page_names_exists():
+    """A page that names a test names one that tests/ defines, so its description cannot drift from a renamed or
+    removed test unnoticed; shown to catch the name a page once kept after its test was renamed."""
+    defined = {m for path in (REPO / "tests").glob("*.py") for m in re.findall(r"def (test_\w+)", path.read_text())}
+    stale = "test_fsdp_matches_ddp_and_resumes_from_its_sharded_checkpoint_bit_for_bit"
+    assert unknown_tests(f"`{stale}` in tests/test_equivalence.py, test_set", defined) == [(1, stale)]
+    missing = [
+        f"{page.relative_to(REPO)}:{n}: {name}"
+        for page in PAGES
+        for n, name in unknown_tests(page.read_text(), defined)
+    ]
+    assert not missing, "\n".join(missing)

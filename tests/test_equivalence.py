@@ -290,7 +290,17 @@ def test_fast_without_fused_adamw_is_train_compile_bit_for_bit_and_with_it_one_r
 # -- DistributedDataParallel and gradient accumulation ------------------------------------------------------------
 
 
-def test_ddp_two_ranks_of_128_take_the_steps_of_train_py_with_256_in_its_order_every_epoch(tmp_path):
+# DDP's and FSDP's Fashion-MNIST path against train.py: 512 images, MLP, two steps an epoch, 2 epochs.
+SHUFFLED = ["--model", "mlp", "--subset", "512", "--epochs", "2"]
+
+
+@pytest.fixture(scope="module")
+def batch_of_256(tmp_path_factory):
+    """train.py with SHUFFLED's flags and batch 256: what 2 data-parallel ranks of 128 must train (made once)."""
+    return train(tmp_path_factory.mktemp("base256"), "src/train.py", *SHUFFLED, "--batch-size", "256")
+
+
+def test_ddp_two_ranks_of_128_take_the_steps_of_train_py_with_256_in_its_order_every_epoch(batch_of_256, tmp_path):
     """train_DDP.py on 2 gloo ranks x batch 128 vs train.py with batch 256, on the same 512 images (--subset 512: two
     steps an epoch, 2 epochs), MLP (no BatchNorm: a gradient over 256 images is then exactly the mean of the two
     ranks' gradients over 128). DistributedSampler(seed) with set_epoch(epoch) draws train.py's permutation of the
@@ -302,9 +312,8 @@ def test_ddp_two_ranks_of_128_take_the_steps_of_train_py_with_256_in_its_order_e
     float32 ulps (measured below). What it catches: a wrong reduction (a sum instead of a mean, one rank's gradient
     alone: 50 % or more), a rank given another rank's shard, or an epoch that repeats the first one's order (no
     set_epoch: epoch 2's batches are not train.py's). The finished run, resumed, says so and exits 0."""
-    flags = ["--model", "mlp", "--subset", "512", "--epochs", "2"]
+    flags, base = SHUFFLED, batch_of_256
     ddp = train(tmp_path / "ddp", "src/train_DDP.py", *flags, "--batch-size", "128", nproc=2)
-    base = train(tmp_path / "base", "src/train.py", *flags, "--batch-size", "256")
     assert ddp["state"]["step"] == base["state"]["step"] == 4 and ddp["metrics"]["global_batch"] == 256
     grads = relative_error(first_moments(ddp), first_moments(base))
     weights_error = relative_error(weights(ddp), weights(base))
@@ -422,15 +431,16 @@ SHARDED = ["--model", "vit", "--dataset", "synthetic", "--image-size", "32", "--
            "--epochs", "2", "--deterministic"]  # fmt: skip
 
 
-def fsdp_first_moments(result: dict) -> list[torch.Tensor]:
+def fsdp_first_moments(result: dict, model=("vit", 3, 32)) -> list[torch.Tensor]:
     """AdamW's exp_avg from FSDP's sharded checkpoint (the DCP folder last.pt names), gathered whole by DCP's
-    offline converter and put in the model's parameter order, as DDP's optimizer state lists them."""
+    offline converter and put in the parameter order of `model` (build_model's arguments), as DDP's optimizer state
+    lists them."""
     from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
     whole = result["checkpoint"].parent / "whole.pt"
     dcp_to_torch_save(result["checkpoint"].parent / result["state"]["sharded"], whole)
     state = torch.load(whole, weights_only=False)["optimizer"]["state"]  # keyed by parameter name
-    return [state[name]["exp_avg"] for name, _ in common.build_model("vit", 3, 32).named_parameters()]
+    return [state[name]["exp_avg"] for name, _ in common.build_model(*model).named_parameters()]
 
 
 def test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_for_bit(tmp_path):
@@ -482,6 +492,30 @@ def test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_
     assert "resumed from" in restarted["stdout"] and "1 epochs and 6 steps done" in restarted["stdout"]
     assert_identical(weights(restarted), weights(fsdp))
     assert [e["val_loss"] for e in restarted["metrics"]["epochs"]] == [fsdp["metrics"]["epochs"][-1]["val_loss"]]
+
+
+def test_fsdp_two_ranks_of_128_on_fashion_mnist_take_the_steps_of_train_py_with_256_every_epoch(batch_of_256,
+                                                                                                 tmp_path):  # fmt: skip
+    """train_FSDP.py's Fashion-MNIST path, which the synthetic batches above never reach (its DistributedSampler):
+    2 gloo ranks x batch 128 vs train.py with batch 256 on SHUFFLED's 512 images (two steps an epoch, 2 epochs), MLP
+    (no BatchNorm; FSDP's one unit is the whole model). The sampler gives rank r every second index of train.py's
+    permutation of the epoch (seed + epoch), so the two ranks' batch k together are train.py's batch k. Compared:
+    AdamW's first moments (gathered from the DCP shards: the averaged gradients, whose scale AdamW's weights would
+    hide), every weight after the 4 steps (last.pt's full model) and each epoch's train and test loss. Tolerance:
+    1e-5 relative, DDP's: FSDP averages two float32 means of 128 (a reduce-scatter) where train.py takes one mean of
+    256, a reassociation of a few float32 ulps (measured below). What it catches: a rank given another rank's shard
+    (rank 0's on both: half the images of train.py's batch, each twice), a sampler over the whole set on every rank
+    (twice the steps), an epoch that repeats the first one's order (no set_epoch)."""
+    fsdp = train(tmp_path / "fsdp", "src/train_FSDP.py", *SHUFFLED, "--batch-size", "128", nproc=2)
+    base = batch_of_256
+    assert fsdp["state"]["step"] == base["state"]["step"] == 4 and fsdp["metrics"]["global_batch"] == 256
+    grads = relative_error(fsdp_first_moments(fsdp, ("mlp",)), first_moments(base))
+    error = relative_error(weights(fsdp), weights(base))
+    print(f"FSDP vs train.py on Fashion-MNIST: gradients {grads:.1e}, weights {error:.1e} relative after 4 steps")
+    assert grads < 1e-5 and error < 1e-5
+    for a, b in zip(fsdp["metrics"]["epochs"], base["metrics"]["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
 
 
 # -- Restarts: train_DDP_elastic.py under torchrun --max-restarts ---------------------------------------------------
@@ -576,8 +610,9 @@ def test_every_epoch_is_a_fresh_permutation_of_the_files(script, one_file_per_cl
 # -- Tensor and pipeline parallelism: train_TP.py and train_pipeline.py against train.py -------------------------
 
 # The small ViT (4 heads, 4 blocks, 2 + 2 under the pipeline's cut) on 512 Fashion-MNIST images, batch 64: 8 steps at
-# the ViT's defaults (lr 2e-3, gradients clipped to norm 1.0).
-SPLIT = ["--model", "vit", "--subset", "512", "--batch-size", "64", "--epochs", "1"]
+# the ViT's defaults (lr 2e-3, gradients clipped to norm 1.0); tested on the first 1,000 test images (all 10,000 cost
+# about 15 s a run on one thread, and the test loss compares as well on 1,000).
+SPLIT = ["--model", "vit", "--subset", "512", "--batch-size", "64", "--epochs", "1", "--test-subset", "1000"]
 
 
 @pytest.fixture(scope="module")
@@ -594,12 +629,28 @@ def unsplit(tmp_path_factory):
     return get
 
 
+@pytest.fixture(scope="module")
+def split(tmp_path_factory):
+    """split(script, *flags): `script` (train_TP.py or train_pipeline.py) on 2 gloo ranks with SPLIT + `flags`, made
+    once per module: the equivalence tests compare it with train.py, the resume test with its own restart."""
+    runs = {}
+
+    def get(script: str, *flags: str) -> dict:
+        key = (script, *flags)
+        if key not in runs:
+            out = tmp_path_factory.mktemp(re.sub(r"[^A-Za-z0-9]+", "-", " ".join(key)))
+            runs[key] = train(out, f"src/{script}", *SPLIT, *flags, nproc=2)
+        return runs[key]
+
+    return get
+
+
 def named_first_moments(state: dict) -> list[torch.Tensor]:
     """AdamW's exp_avg from a full optimizer state dict keyed by parameter name, in the model's parameter order."""
     return [state["state"][name]["exp_avg"] for name, _ in common.build_model("vit", 1, 28).named_parameters()]
 
 
-def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_of_every_block(unsplit, tmp_path):
+def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_of_every_block(unsplit, split):
     """train_TP.py on 2 gloo ranks (each block's q, k, v and fc1 split by output features, out and fc2 by input
     features, 2 heads per rank) vs train.py, the same 8 batches of 64 on both ranks. Compared: AdamW's first moments
     (gathered whole from last.pt's full optimizer state: the gradients, clipped to norm 1.0 over all shards), every
@@ -610,7 +661,7 @@ def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_o
     the moments (as in the pipeline's test below); a missing all-reduce in a row-wise layer (each rank keeps its partial sum), a
     head split across ranks or a clip by one rank's norm is off by percents. Rank 0 holds the embedding, the norms
     and the head whole and half of every block's Linears; last.pt loads into train.py's model."""
-    tp = train(tmp_path / "tp", "src/train_TP.py", *SPLIT, "--clip-grad-norm", "1.0", nproc=2)
+    tp = split("train_TP.py", "--clip-grad-norm", "1.0")
     unsplit = unsplit("1.0")
     assert tp["state"]["step"] == unsplit["state"]["step"] == 8
     grads = relative_error(named_first_moments(tp["state"]["full_optimizer"]), first_moments(unsplit))
@@ -634,7 +685,7 @@ def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_o
 
 @pytest.mark.parametrize("schedule,clip", [("gpipe", "0"), ("1f1b", "1.0")])
 def test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_their_bubble(schedule, clip, unsplit,
-                                                                                          tmp_path):  # fmt: skip
+                                                                                          split):  # fmt: skip
     """train_pipeline.py, 2 stages in 2 gloo processes (the cut of train_model_parallel.py --balance params: the
     embedding and 2 blocks | 2 blocks and the head), 4 micro-batches of 16, GPipe and 1F1B, vs train.py on the same 8
     batches of 64, GPipe unclipped (a gradient of the wrong scale shows: clipping to norm 1.0 would rescale it) and
@@ -647,8 +698,7 @@ def test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_t
     whose weights start at 0; micro-batch losses not divided by
     4, a clip by one stage's norm or a stage that runs a micro-batch twice are off by percents. The bubble, measured on
     each stage, is a share of the step (0 to 1) beside the theory's (p - 1) / (m + p - 1) = 1/5."""
-    pp = train(tmp_path / "pp", "src/train_pipeline.py", *SPLIT, "--schedule", schedule, "--clip-grad-norm", clip,
-               nproc=2)  # fmt: skip
+    pp = split("train_pipeline.py", "--schedule", schedule, "--clip-grad-norm", clip)
     unsplit = unsplit(clip)
     assert pp["state"]["step"] == unsplit["state"]["step"] == 8
     moments = [s["exp_avg"] for stage in pp["state"]["stage_optimizers"] for s in stage["state"].values()]
@@ -669,3 +719,57 @@ def test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_t
         metrics["stage_params"]
     )
     assert_loads_into_train_py(pp["checkpoint"])
+
+
+# (script, flags): the runs of the equivalence tests above that the resume test restarts (split's, made once)
+RESUMED = [("train_TP.py", "--clip-grad-norm", "1.0"),
+           ("train_pipeline.py", "--schedule", "1f1b", "--clip-grad-norm", "1.0")]  # fmt: skip
+
+
+@pytest.mark.parametrize("run", RESUMED, ids=["TP", "pipeline"])
+def test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights(run, split, tmp_path):
+    """train_TP.py and train_pipeline.py (1F1B, clipped) preempted inside an epoch: SIGTERM to rank 0 at the boundary
+    after step 4 of SPLIT's 8 (tests/crash_probe.py), every rank stops there, last.pt is written (TP: the full model
+    and optimizer state gathered onto rank 0; the pipeline: the whole model and each stage's AdamW state, written by
+    the last stage), torchrun restarts both ranks, and --resume loads it (TP shards it again, each stage takes its
+    own optimizer state), skips the epoch's 4 done batches and continues the one-cycle schedule at step 4. Compared
+    with the uninterrupted run of the equivalence tests above, same flags: every weight, AdamW's first moments and
+    the epoch's test loss. Tolerance: none (bit for bit): on a CPU with one seed the restart recomputes exactly
+    what the uninterrupted run computed, so any difference is state the checkpoint lost or batches skipped wrongly."""
+    script, *flags = run
+    uninterrupted = split(script, *flags)
+    probe = ("tests/crash_probe.py", "0:sigterm-at-step:4:0", "--")  # attempt 0: SIGTERM to rank 0 after step 4
+    restarted = train(tmp_path, f"src/{script}", *SPLIT, *flags, "--resume", nproc=2, restarts=1, probe=probe,
+                      env=RESTARTABLE)  # fmt: skip
+    assert "terminated by SIGTERM at step 4" in restarted["stderr"] + restarted["stdout"]
+    assert "resumed from" in restarted["stdout"] and "0 epochs and 4 steps done" in restarted["stdout"]
+    assert restarted["state"]["step"] == uninterrupted["state"]["step"] == 8
+    assert_identical(weights(restarted), weights(uninterrupted))
+    if script == "train_TP.py":
+        moments = [named_first_moments(r["state"]["full_optimizer"]) for r in (restarted, uninterrupted)]
+    else:
+        moments = [[s["exp_avg"] for stage in r["state"]["stage_optimizers"] for s in stage["state"].values()]
+                   for r in (restarted, uninterrupted)]  # fmt: skip
+    assert all(torch.equal(a, b) for a, b in zip(*moments, strict=True))
+    val_losses = [[e["val_loss"] for e in r["metrics"]["epochs"]] for r in (restarted, uninterrupted)]
+    assert val_losses[0] == val_losses[1]  # the restart's one evaluation, the end of the epoch
+
+
+def test_pipeline_resume_of_a_damaged_stage_optimizer_state_is_one_line_not_a_traceback(split, tmp_path):
+    """The pipeline's last.pt holds one AdamW state per stage. The 1F1B run's file with its two stages' states
+    swapped (what a damaged file, or one from another cut, holds: as many parameters per stage, of other shapes):
+    --resume exits non-zero with one line on each rank, "does not fit this model and optimizer", not the optimizer's
+    traceback (nor a silent load that fails at the first step), trains nothing and leaves the file as it was.
+    Another --balance is refused before anything is loaded: tests/test_checkpoint.py (no training needed there)."""
+    state = torch.load(split("train_pipeline.py", *RESUMED[1][1:])["checkpoint"], weights_only=True)
+    state["stage_optimizers"].reverse()
+    torch.save(state, tmp_path / "last.pt")
+    before = (tmp_path / "last.pt").read_bytes()
+    argv = ["src/train_pipeline.py", *SAME, *SPLIT, *RESUMED[1][1:], "--checkpoint-dir", tmp_path, "--resume"]
+    proc = subprocess.run([*TORCHRUN, "--nproc-per-node", "2", *map(str, argv)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    errors = [line for line in proc.stderr.splitlines() if "train_pipeline.py: error: --resume: " in line]
+    assert proc.returncode != 0 and errors, proc.stdout + proc.stderr
+    assert all("does not fit this model and optimizer (exp_avg of shape" in line for line in errors), errors
+    assert 'train_pipeline.py", line' not in proc.stderr and "src/common/" not in proc.stderr  # no traceback of ours
+    assert "resumed from" not in proc.stdout and (tmp_path / "last.pt").read_bytes() == before

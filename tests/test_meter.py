@@ -54,3 +54,18 @@ def test_meter_keeps_a_step_marked_unmeasured_out_of_the_window(monkeypatch):
     assert stats["excluded_steps"] == 1 and stats["measured_steps"] == 4  # the warm-up and the recompile left out
     assert stats["images_per_s"] == pytest.approx(4 * 8 / 0.04)  # 32 images in 40 ms, not in 5.04 s
     assert stats["step_ms_p50"] == pytest.approx(10) and stats["windows"] == 2
+
+
+def test_the_blocked_step_time_is_the_median_block_and_ignores_one_disturbed_block():
+    """30 steps of 20 ms in 5 blocks of 6; another program takes the cores during one block (its steps 100 ms):
+    the median block is still 20 ms, the spread says one block was 5 times as slow; steps that recur within a
+    block (a refill every third step) stay in every block's mean."""
+    steady = [0.02] * 30
+    hit = steady[:12] + [0.1] * 6 + steady[18:]
+    assert common.meter.blocked(steady)[0] == pytest.approx(20) and common.meter.blocked(steady)[1] == 0
+    middle, spread = common.meter.blocked(hit)
+    assert middle == pytest.approx(20) and spread == pytest.approx((100 - 20) / 20)
+    refill = [0.02, 0.02, 0.05] * 10  # every third step waits for a worker: the mean counts it, as images/s does
+    assert common.meter.blocked(refill)[0] == pytest.approx(30)
+    assert common.meter.blocked([0.02, 0.04]) == (pytest.approx(30), pytest.approx(20 / 30))  # a block per step
+    assert common.meter.blocked([]) == (None, None)

@@ -28,7 +28,7 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
                                                                                                      gpt, io, meter,
                                                                                                      runstate]
-    checkpoint  save_checkpoint, load_checkpoint (and its refusals), exit_if_finished               [errors, io, models,
+    checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished    [errors, io, models,
                                                                                                      runstate]
     preemption  Preemption: SIGTERM stops every rank at one step boundary                           [runstate]
     cli         the shared flags (get_parser, get_image_folder_parser), parse_args, the one-line    [data, env, errors,
@@ -58,7 +58,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     text,
     vit,
 )
-from .checkpoint import exit_if_finished, load_checkpoint, save_checkpoint
+from .checkpoint import exit_if_finished, load_checkpoint, load_part, save_checkpoint
 from .cli import get_image_folder_parser, get_parser, non_negative_int, parse_args, positive_int
 from .data import input_shape, load_data, synthetic_data
 from .device import get_device, precision_label
@@ -97,6 +97,7 @@ __all__ = [
     "image_folders",
     "input_shape",
     "load_checkpoint",
+    "load_part",
     "load_data",
     "load_rgb",
     "non_negative_int",

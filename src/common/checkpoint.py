@@ -23,7 +23,9 @@ CHECKPOINT_FORMAT = 4
 # What a checkpoint must share with the run that resumes it: what fixes the model, the optimizer, which samples an
 # epoch's steps take in which order (a mid-epoch resume skips the done steps' samples, so --subset, --seed and
 # --accum-steps must not change), and the one-cycle schedule (--epochs and --max-steps fix its length, --lr its peak:
-# another value would reshape it mid-run, silently). Anything else (workers, log interval, warm-up...) may change.
+# another value would reshape it mid-run, silently), and the pipelines' stage cut (--balance: train_pipeline.py keeps
+# one optimizer state per stage, which fits only the cut that saved it). Anything else (workers, log interval,
+# warm-up...) may change.
 CHECKPOINT_MATCH = {
     "script": "script",
     "model": "model",
@@ -40,6 +42,7 @@ CHECKPOINT_MATCH = {
     "epochs": "epochs",
     "max_steps": "max steps",
     "lr": "peak learning rate",
+    "balance": "stage cut (--balance)",
 }
 
 
@@ -48,8 +51,9 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
     --model, --dataset (a loader's --data-dir folder name), --image-size, --subset, --seed, the world size
     (torch.distributed's, else 1), --batch-size (per process), --accum-steps (None where the script has no such flag),
     the optimizer's class, `state`: the names of the `holders` (GradScaler...) whose state_dict is not empty (a
-    disabled GradScaler has none), and what fixes the one-cycle schedule: --epochs, --max-steps, --lr (the resolved
-    peak, a model's default included). Plus the torch version, for the record."""
+    disabled GradScaler has none), what fixes the one-cycle schedule: --epochs, --max-steps, --lr (the resolved
+    peak, a model's default included), and --balance (None where the script cuts no stages). Plus the torch version,
+    for the record."""
     dataset = getattr(args, "dataset", None) or Path(getattr(args, "data_dir", "")).resolve().name
     return {
         "script": Path(sys.argv[0]).name,
@@ -67,6 +71,7 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
         "epochs": args.epochs,
         "max_steps": args.max_steps,
         "lr": args.lr,
+        "balance": getattr(args, "balance", None),  # None for the scripts without stages (and files before it)
         "torch": str(torch.__version__),
     }
 
@@ -139,6 +144,18 @@ def save_checkpoint(
     return True
 
 
+def _check_shapes(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Raise ValueError unless every tensor of the optimizer state `saved` (AdamW's moments...) has the shape of the
+    parameter it will belong to: `load_state_dict` checks how many parameters each group has, not their shapes, so
+    a state of another model or cut with as many parameters would load and fail at the first step, in a traceback."""
+    indices = [index for group in saved["param_groups"] for index in group["params"]]
+    params = [param for group in optimizer.param_groups for param in group["params"]]
+    for index, param in zip(indices, params):  # a count that differs: load_state_dict says so
+        for name, value in saved["state"].get(index, {}).items():
+            if torch.is_tensor(value) and value.dim() and value.shape != param.shape:
+                raise ValueError(f"{name} of shape {tuple(value.shape)} for a parameter of shape {tuple(param.shape)}")
+
+
 def load_checkpoint(
     path: Path,
     args: argparse.Namespace,
@@ -153,10 +170,11 @@ def load_checkpoint(
 
     Checks before loading anything: the format version, then that the file was made by a run like this one (every
     CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed, world size, batch per
-    process, accumulation steps, optimizer and extra state), so a resume never trains from a partially loaded or
-    silently different state, nor skips other samples than the ones its epoch already trained on. Exits with one
-    line (exit 2) that names the file, what it was saved from and what this run asked for, or why it is unreadable
-    (not a checkpoint, truncated, or a pickle with code in it: loaded with weights_only=True).
+    process, accumulation steps, optimizer and extra state, schedule, stage cut), so a resume never trains from a
+    partially loaded or silently different state, nor skips other samples than the ones its epoch already trained
+    on. Exits with one line (exit 2) that names the file, what it was saved from and what this run asked for, or why
+    it is unreadable (not a checkpoint, truncated, or a pickle with code in it: loaded with weights_only=True), or
+    what in it does not fit the model or optimizer (an optimizer state's shapes are checked too).
     """
     try:
         state = torch.load(path, map_location=device, weights_only=True)
@@ -184,13 +202,30 @@ def load_checkpoint(
         if model is not None:
             model.load_state_dict(state["model"])
         if optimizer is not None:
+            _check_shapes(optimizer, state["optimizer"])
             optimizer.load_state_dict(state["optimizer"])
         for name, holder in holders.items():
             holder.load_state_dict(state[name])
-    except (KeyError, TypeError, ValueError, RuntimeError) as error:
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError) as error:
         die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
     RUN["saved"] = (Path(path), state["step"])  # what the file on disk holds, until the next save
     return state
+
+
+def load_part(path: Path, holder, state: dict, *keys) -> None:
+    """Load `state[keys[0]][keys[1]]...`, a part of the checkpoint `path` that `load_checkpoint` returned and checked
+    (one pipeline stage's optimizer state: `"stage_optimizers", rank`), into `holder` (anything with a
+    load_state_dict), or exit in load_checkpoint's one line (exit 2) when the part is missing or does not fit it (a
+    damaged file, another model or cut): never a traceback."""
+    try:
+        part = state
+        for key in keys:
+            part = part[key]
+        if isinstance(holder, torch.optim.Optimizer):
+            _check_shapes(holder, part)
+        holder.load_state_dict(part)
+    except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError) as error:
+        die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
 
 
 def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool = True) -> None:

@@ -28,6 +28,12 @@ class Meter:
     - step time p50/p90 (ms): host time between consecutive `step()` calls inside the window. Between the edges
       nothing synchronises, so on a GPU this is the rate at which the host can queue steps (equal to the GPU's rate
       once its queue is full); on CPU it is the step time itself.
+    - blocked step time (ms), `step_ms_blocked`: the measured steps cut into `BLOCKS` consecutive blocks, each block's
+      mean step time, and the median of those means (torch.utils.benchmark's blocked_autorange reports the median
+      of blocks the same way). A block's mean keeps what recurs every few steps (a DataLoader worker's refill), and
+      the median over blocks drops what a few seconds of another program's load did to one or two blocks: the
+      bench's pair ratios use it. `step_blocks_spread`: (slowest block - fastest block) / the median block, how
+      much the run's steps scattered (the bench re-runs a pair whose run scattered far beyond its siblings).
     - data-wait fraction: seconds blocked in `next(loader)` inside the window / window seconds (every `next()`
       between two steps counts, so K micro-batches per step are all counted).
     - first step (s): host seconds from the start of training to the end of the first step: where torch.compile
@@ -57,7 +63,7 @@ class Meter:
         self.windows = 0  # windows opened: more than one means epoch edges (or evaluations) fall between them
         self.excluded_steps = 0  # steps after the warm-up kept out of the window: step(..., measured=False)
         self.window_s = self.wait_s = 0.0
-        self.step_s: list[float] = []
+        self.step_s: list[float] = []  # each measured step's host seconds, in order
         self.first_step_s = None
         self._t_start = self._t_last = None  # start of the open window, end of the previous step
         self._wait = 0.0
@@ -193,13 +199,15 @@ class Meter:
             self.windows += 1
 
     def summary(self) -> dict:
-        """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, data_wait_frac,
+        """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, step_ms_blocked and
+        step_blocks_spread (`blocked`), data_wait_frac,
         measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB; None when no batch was trained),
         flops_per_image (None when the run had one step, or no model) and peak memory (GiB, `memory_stats`)."""
         self.pause()
         measured = len(self.step_s)
         quantiles = statistics.quantiles(self.step_s, n=10, method="inclusive") if measured >= 2 else [None] * 9
         note = None
+        blocked_ms, blocks_spread = blocked(self.step_s)
         if not measured:
             note = (
                 f"not measured: the run's {self.steps} steps are all within --warmup-steps {self.warmup_steps}; "
@@ -211,6 +219,8 @@ class Meter:
             "images_per_s_note": note,
             "step_ms_p50": 1e3 * statistics.median(self.step_s) if measured else None,
             "step_ms_p90": 1e3 * quantiles[8] if measured >= 2 else None,
+            "step_ms_blocked": blocked_ms,
+            "step_blocks_spread": blocks_spread,
             "data_wait_frac": self.wait_s / self.window_s if measured else None,
             "measured_steps": measured,
             "measured_s": self.window_s,
@@ -222,6 +232,24 @@ class Meter:
             "flops_per_image": self.flops_per_image or None,
             **memory_stats(),
         }
+
+
+BLOCKS = 5  # blocks of the measured steps for step_ms_blocked: 30 steps make blocks of 6
+
+
+def blocked(step_s: list[float], blocks: int = BLOCKS) -> tuple[float | None, float | None]:
+    """(median block mean, spread) of step times `step_s` (seconds, in order): the steps cut into `blocks`
+    consecutive blocks of nearly equal length (fewer steps than blocks: a block per step), the median of the blocks'
+    mean step times, in ms, and (max - min) / median of those means (None with one block). (None, None) without a
+    step."""
+    n = len(step_s)
+    if not n:
+        return None, None
+    k = min(blocks, n)
+    edges = [round(i * n / k) for i in range(k + 1)]
+    means = [statistics.fmean(step_s[a:b]) for a, b in zip(edges, edges[1:])]
+    middle = statistics.median(means)
+    return 1e3 * middle, ((max(means) - min(means)) / middle if k > 1 and middle > 0 else None)
 
 
 def memory_stats() -> dict:
