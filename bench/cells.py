@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+from pairs import NOISY_FLOOR
 from peak import datasheet, of_datasheet, of_peak
 
 
@@ -157,6 +158,14 @@ def noise_line(noise: dict | None) -> str:
         why = f"fewer than 3 undisturbed self pairs ({pairs})" if pairs else "no self pair ran"
         return f"Noise floor: not measured ({why}): no comparison gets a verdict."
     floor = noise["floor"]
+    if floor > NOISY_FLOOR:
+        return (
+            f"Noise floor: ±{100 * floor:.1f} %, the farthest from 1.00× that a configuration measured against a "
+            f"copy of itself came ({pairs}; a pair far from its siblings is re-run and left out): wider than "
+            f"±{100 * NOISY_FLOOR:.0f} %. A comparison is **faster** or **slower** only when every one of its "
+            f"undisturbed pair ratios (3 or more) lies beyond 1.00× ± {floor:.3f}; the others read **no verdict**, "
+            "not \"no measurable difference\": these windows cannot resolve a smaller effect on this machine."
+        )
     return (
         f"Noise floor: ±{100 * floor:.1f} %, the farthest from 1.00× that a configuration measured against a copy of "
         f"itself came ({pairs}; a pair far from its siblings is re-run and left out). A comparison is **faster** or "

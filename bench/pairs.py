@@ -125,10 +125,11 @@ def spread(ratios: list[float]) -> tuple[float, float, float] | None:
 
 MIN_PAIRS = 3  # no verdict from fewer pairs, and no noise floor from fewer self pairs
 OUTLIER_MADS = 4.0  # a pair whose log ratio lies more than this many median absolute deviations from its
-OUTLIER_MIN = 0.10  # comparison's median, and more than 10 % from it, lies far from its siblings: re-run
+OUTLIER_MIN = 0.15  # comparison's median, and more than 15 % from it, lies far from its siblings: re-run
 SCATTER_TIMES = 3.0  # a run whose blocks spread (step_blocks_spread) more than 3 times its configuration's median
-SCATTER_MIN = 0.15  # spread, and more than 15 %, was disturbed within its window: its pairs are re-run
-NOISY_FLOOR = 0.15  # a noise floor wider than +-15 %: the machine was too busy for any verdict ("disturbed")
+SCATTER_MIN = 0.25  # spread, and more than 25 %, was disturbed within its window: its pairs are re-run
+NOISY_FLOOR = 0.15  # a floor wider than +-15 %: within it, no verdict ("no verdict: noise floor ..."), not "no difference"
+RERUN_SHARE = 8  # re-runs take at most one pair in 8 of the plan's (at least 2): a bounded cost
 
 
 def noise_floor(self_ratios: list[float]) -> float | None:
@@ -144,8 +145,10 @@ def verdict(ratios: list[float], floor: float | None, disturbed: int = 0, pairs:
     floor, "slower" when every one is below 1 - floor, else "no measurable difference" (the pairs disagree, or
     straddle 1 within the noise). No verdict from fewer than MIN_PAIRS pairs (`pairs`, default len(ratios)): then
     "disturbed" when `disturbed` pairs were left out and re-runs did not replace them, else "no verdict: N pair(s),
-    3 needed"; none without a noise floor (`floor` None): "no verdict: no noise floor"; "disturbed" when the floor is
-    wider than NOISY_FLOOR (the self pairs strayed that far even after re-runs: the machine was busy throughout).
+    3 needed"; none without a noise floor (`floor` None): "no verdict: no noise floor". Where the floor is wider than
+    NOISY_FLOOR, pairs within it read "no verdict: noise floor ±N %", not "no measurable difference" (a copy of one
+    run strayed that far: these windows cannot resolve a smaller effect on this machine, and "no difference" would
+    read as a finding); pairs all beyond it are still faster or slower.
     "not measured" without any ratio."""
     n = len(ratios) if pairs is None else pairs
     if not ratios:
@@ -154,12 +157,12 @@ def verdict(ratios: list[float], floor: float | None, disturbed: int = 0, pairs:
         return "disturbed" if disturbed else f"no verdict: {n} pair{'s' * (n != 1)}, {MIN_PAIRS} needed"
     if floor is None:
         return "no verdict: no noise floor"
-    if floor > NOISY_FLOOR:  # a copy of the same run strayed this far: "no measurable difference" would mislead
-        return "disturbed"
     if min(ratios) > 1 + floor:
         return "faster"
     if max(ratios) < 1 - floor:
         return "slower"
+    if floor > NOISY_FLOOR:  # a copy of the same run strayed this far: "no measurable difference" would mislead
+        return f"no verdict: noise floor ±{100 * floor:.0f} %"
     return "no measurable difference"
 
 
@@ -284,15 +287,18 @@ def reruns_due(
     runs, plan: list[tuple[Comparison, int, int, int]], rounds: int, done: dict[Comparison, int], most: int
 ) -> list[tuple[Comparison, str]]:
     """The comparisons to re-run one pair of now, with why: those with a disturbed pair and fewer undisturbed pairs
-    than `rounds`, that have had fewer than `most` re-runs (`done`, per comparison). A failed run is not re-run."""
+    than `rounds`, that have had fewer than `most` re-runs (`done`, per comparison), while all re-runs together stay
+    within one pair in RERUN_SHARE of the plan's (at least 2). A failed run is not re-run."""
     due, seen = [], set()
     judged = assess(runs, plan)
+    planned = len(plan) - sum(done.values())  # the plan's pairs before any re-run
+    left = max(2, planned // RERUN_SHARE) - sum(done.values())
     for p in judged:
         c = p.comparison
         if c in seen or not p.disturbed or done.get(c, 0) >= most:
             continue
         good = sum(1 for q in judged if q.comparison == c and q.ratio is not None and not q.disturbed)
-        if good < rounds:
+        if good < rounds and len(due) < left:
             seen.add(c)
             due.append((c, p.disturbed))
     return due

@@ -109,7 +109,8 @@ def losses(result: dict) -> list[float]:
 # rounding grows into a loss difference of 16 % within 16 steps; at 1e-3 it stays near 1 %, so rounding and a real
 # difference in what is trained can be told apart). The same shapes as the smoke profile's ladder rows, so that
 # torch.compile's cache serves both.
-LADDER = ["--model", "cnn", "--subset", "1024", "--batch-size", "64", "--epochs", "1", "--lr", "1e-3"]
+LADDER = ["--model", "cnn", "--subset", "1024", "--batch-size", "64", "--epochs", "1", "--lr", "1e-3", "--test-subset",
+          "500"]  # fmt: skip  # 500 test images: all 10,000 cost 8 s a run in emulated bfloat16
 
 
 @pytest.fixture(scope="module")
@@ -522,7 +523,7 @@ def test_fsdp_two_ranks_of_128_on_fashion_mnist_take_the_steps_of_train_py_with_
 
 # 2 gloo ranks x batch 64 on 1,024 images: 8 steps an epoch, 2 epochs; a checkpoint every 4 steps.
 ELASTIC = ["src/train_DDP_elastic.py", "--model", "cnn", "--subset", "1024", "--batch-size", "64", "--epochs", "2",
-           "--deterministic", "--checkpoint-every", "4"]  # fmt: skip
+           "--test-subset", "500", "--deterministic", "--checkpoint-every", "4"]  # fmt: skip
 
 
 def test_restarts_at_every_step_boundary_end_with_the_uninterrupted_run_s_weights(tmp_path):

@@ -38,6 +38,9 @@ def test_no_verdict_without_a_measured_floor_or_from_fewer_than_3_pairs():
     assert pairs.verdict([1.30, 1.35], 0.02, disturbed=1) == "disturbed"
     assert pairs.verdict([], 0.02, disturbed=3) == "disturbed"
     assert pairs.verdict([1.30, 1.35, 1.33], 0.02, disturbed=1) == "faster"  # re-runs replaced the disturbed pair
+    # a floor wider than 15 %: within it no verdict (not "no measurable difference"); beyond it still a verdict
+    assert pairs.verdict([1.09, 1.20, 1.32], 0.256) == "no verdict: noise floor ±26 %"
+    assert pairs.verdict([0.17, 0.18, 0.20], 0.256) == "slower"
 
 
 def test_a_matrix_without_a_self_pair_gets_one():

@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 from conftest import REPO, stopped_after_first_checkpoint
 
-FLAGS = ["--device", "cpu", "--subset", "1024", "--batch-size", "128", "--epochs", "2", "--deterministic",
-         "--seed", "0", "--warmup-steps", "0", "--log-every", "1"]  # fmt: skip  # 8 steps an epoch, 16 in all
+FLAGS = ["--device", "cpu", "--subset", "1024", "--test-subset", "500", "--batch-size", "128", "--epochs", "2",
+         "--deterministic", "--seed", "0", "--warmup-steps", "0", "--log-every", "1"]  # fmt: skip  # 8 steps an epoch
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1"}
 

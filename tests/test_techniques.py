@@ -12,7 +12,8 @@ from conftest import REPO, assert_one_line_error, run
 
 import common
 
-QUICK = ["--device", "cpu", "--model", "cnn", "--workers", "0", "--warmup-steps", "3", "--log-every", "1000"]
+QUICK = ["--device", "cpu", "--model", "cnn", "--workers", "0", "--warmup-steps", "3", "--log-every", "1000",
+         "--test-subset", "500"]  # fmt: skip
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
 
