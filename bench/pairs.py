@@ -128,7 +128,7 @@ OUTLIER_MADS = 4.0  # a pair whose log ratio lies more than this many median abs
 OUTLIER_MIN = 0.15  # comparison's median, and more than 15 % from it, lies far from its siblings: re-run
 SCATTER_TIMES = 3.0  # a run whose blocks spread (step_blocks_spread) more than 3 times its configuration's median
 SCATTER_MIN = 0.25  # spread, and more than 25 %, was disturbed within its window: its pairs are re-run
-NOISY_FLOOR = 0.15  # a floor wider than +-15 %: within it, no verdict ("no verdict: noise floor ..."), not "no difference"
+NOISY_FLOOR = 0.15  # a floor wider than +-15 %: within it "no verdict: noise floor ...", not "no difference"
 RERUN_SHARE = 8  # re-runs take at most one pair in 8 of the plan's (at least 2): a bounded cost
 
 
@@ -183,23 +183,28 @@ def is_self_pair(comparison: Comparison, matrix: list[dict]) -> bool:
     return bool(row and reference) and (row["script"], row["args"]) == (reference["script"], reference["args"])
 
 
-def run_speeds(runs) -> dict[int, float]:
+def run_speeds(runs, blocked: bool = True) -> dict[int, float]:
     """The rate of each finished, measured run of `runs` (runs.csv), by job index, that pairs compare: global batch x
     1000 / `step_ms_blocked` (images/s of the median block of steps, see common.meter.blocked), which seconds of
     another program's load in one block do not move; images/s over the whole window where a run has no blocked
-    step time (a folder from before it)."""
+    step time (a folder from before it), or with `blocked` False. `assess` compares a pair by one measure: the
+    whole window's for both runs where one has no blocked rate."""
     import pandas as pd
 
     def column(name):
         return pd.to_numeric(runs[name], errors="coerce") if name in runs else pd.Series([None] * len(runs))
 
     speeds = {}
-    for job, status, ips, batch, blocked in zip(
+    if "job" not in runs or "status" not in runs:  # nothing ran (every row skipped)
+        return speeds
+    by_block = blocked
+    for job, status, ips, batch, step in zip(
         runs.job, runs.status, column("images_per_s"), column("global_batch"), column("step_ms_blocked"), strict=True
     ):
         if status != "ok" or pd.isna(job) or pd.isna(ips) or ips <= 0:
             continue
-        speeds[int(job)] = 1e3 * batch / blocked if pd.notna(batch) and pd.notna(blocked) and blocked > 0 else ips
+        use = by_block and pd.notna(batch) and pd.notna(step) and step > 0 and batch > 0
+        speeds[int(job)] = 1e3 * batch / step if use else ips
     return speeds
 
 
@@ -209,7 +214,7 @@ def scattered_runs(runs) -> dict[int, str]:
     program took the cores during part of the window)."""
     import pandas as pd
 
-    if "step_blocks_spread" not in runs:
+    if "step_blocks_spread" not in runs or "job" not in runs:
         return {}
     ok = runs[(runs.status == "ok") & runs.job.notna()]
     spreads = pd.to_numeric(ok.step_blocks_spread, errors="coerce")
@@ -246,10 +251,12 @@ def assess(runs, plan: list[tuple[Comparison, int, int, int]]) -> list[Pair]:
     comparison's pairs, so with 3 pairs one far pair is found whatever side it is on."""
     import math
 
-    speed, scattered = run_speeds(runs), scattered_runs(runs)
+    speed, scattered, window = run_speeds(runs), scattered_runs(runs), run_speeds(runs, blocked=False)
     judged = []
     for c, r, a, b in plan:
         ratio = speed[a] / speed[b] if a in speed and b in speed else None
+        if ratio is not None and (speed[a] == window.get(a)) != (speed[b] == window.get(b)):
+            ratio = window[a] / window[b]  # one run without a blocked rate: both by their whole window
         judged.append([c, r, a, b, ratio, scattered.get(a) or scattered.get(b) or ""])
     for c in dict.fromkeys(p[0] for p in judged):
         mine = [p for p in judged if p[0] == c and p[4] is not None and not p[5]]
@@ -355,7 +362,7 @@ def plan_table(pairs: list[tuple[Comparison, int, int, int]], runs=None):
             {
                 "row": c.row, "reference": c.reference, "kind": c.kind, "round": r, "row_job": a, "reference_job": b,
                 "row_images_per_s": speed.get(a), "reference_images_per_s": speed.get(b),
-                "ratio": speed[a] / speed[b] if a in speed and b in speed else None,
+                "ratio": judged[(c, r, a, b)].ratio if (c, r, a, b) in judged else None,
                 "disturbed": judged[(c, r, a, b)].disturbed if (c, r, a, b) in judged else "",
             }
             for c, r, a, b in pairs

@@ -122,22 +122,29 @@ def add_comparisons(
         i = index[comparison.row]
         summary.loc[i, f"{column}_disturbed"] = left_out
         summary.loc[i, f"{column}_verdict"] = verdict(values, floor, left_out)
+        if comparison.kind in links:  # a link without a ratio too: a chain through it has no product
+            judged = verdict(values, floor, left_out)
+            links[comparison.kind][comparison.row] = (comparison.reference, s, len(values), judged)
         if s is None:
             continue
         summary.loc[i, [column, f"{column}_lo", f"{column}_hi"]] = s
         summary.loc[i, f"{column}_pairs"] = len(values)
-        if comparison.kind in links:
-            judged = verdict(values, floor, left_out)
-            links[comparison.kind][comparison.row] = (comparison.reference, s, len(values), judged)
     for kind, column in (("rung_base", "speedup"), ("sweep", "x_sweep_first")):
         for name in summary.config:  # the chain of links down to its first row
             product, seen, fewest, at, judged = (1.0, 1.0, 1.0), set(), None, name, set()
+            broken = None  # the verdict of a link without any undisturbed ratio
             while at in links[kind] and at not in seen:
                 seen.add(at)
-                at, (median, lo, hi), n, link = links[kind][at]
+                at, links_spread, n, link = links[kind][at]
+                if links_spread is None:
+                    broken = link
+                    break
+                median, lo, hi = links_spread
                 product, fewest = (product[0] * median, product[1] * lo, product[2] * hi), min(n, fewest or n)
                 judged.add(link)
-            if seen:
+            if broken is not None:  # no product over the first rung through a link that has none
+                summary.loc[index[name], f"{column}_verdict"] = broken
+            elif seen:
                 i = index[name]
                 summary.loc[i, [column, f"{column}_lo", f"{column}_hi"]] = product
                 summary.loc[i, f"{column}_pairs"] = fewest

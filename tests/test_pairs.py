@@ -187,3 +187,19 @@ def test_every_result_folder_names_a_commit_of_this_repository():
     for folder in archived:
         if folder.is_dir():
             assert f"`{folder.name}/`" in readme, f"results/archive/{folder.name} has no line in the archive README"
+
+
+def test_a_ladder_product_stops_at_a_link_without_undisturbed_pairs_and_nothing_run_is_no_crash():
+    """A rung whose every pair was disturbed has no ratio: the rungs above it get no product over the first rung
+    (it would be over an intermediate rung, under the first rung's name), and say why; a bench whose every row was
+    skipped has no rate to compare (no crash in the re-run check)."""
+    import pandas as pd
+    import summary
+
+    frame = pd.DataFrame({"config": ["T", "A", "C"]})
+    a, c = Comparison("A", "T", "rung_base"), Comparison("C", "A", "rung_base")
+    summary.add_comparisons(frame, {a: [], c: [1.30, 1.35, 1.40]}, 0.05, {a: 3})
+    assert frame.loc[1, "speedup_rung_verdict"] == "disturbed" and frame.loc[2, "speedup_rung_verdict"] == "faster"
+    assert pd.isna(frame.loc[2, "speedup"]) and frame.loc[2, "speedup_verdict"] == "disturbed"
+    skipped = pd.DataFrame([{"config": "T", "repeat": 1, "status": "skipped", "reason": "needs a GPU"}])
+    assert pairs.run_speeds(skipped) == {} and pairs.reruns_due(skipped, [], 3, {}, 2) == []
