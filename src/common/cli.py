@@ -145,7 +145,8 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
 def get_image_folder_parser(doc: str | None = None) -> argparse.ArgumentParser:
     """The flags of the loader*.py scripts, which read an ImageFolder of image files (train/ and val/ inside).
 
-    The training flags of `get_parser` (not --dataset, --subset or --clip-grad-norm), with `--data-dir` the ImageFolder root, `--image-size` the crop side,
+    The training flags of `get_parser` (not --dataset, --subset or --clip-grad-norm), with `--data-dir` the ImageFolder
+    root, `--image-size` the crop side,
     `--loader-only` to time the input pipeline alone, and `--amp-dtype` / `--channels-last` so that the end-to-end
     rows can run the model at the compute rate of train_amp.py / train_channels_last.py. Bad values exit 2.
     """

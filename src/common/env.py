@@ -111,5 +111,6 @@ def require_torch(version: str, what: str) -> None:
 
     if parts(torch.__version__) < parts(version):
         die(
-            f"{what} needs torch >= {version} (tested on {version}); this is torch {torch.__version__}: pip install -U torch"
+            f"{what} needs torch >= {version} (tested on {version}); this is torch {torch.__version__}: "
+            "pip install -U torch"
         )

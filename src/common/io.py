@@ -34,7 +34,8 @@ def _os_error(error: BaseException) -> OSError | None:
 def atomic_write(path: Path, write) -> None:
     """Write `path` through a temporary file beside it (`.NAME.PID.tmp`): `write(f)` fills the binary file object
     `f`, which is then flushed, fsync'ed (the bytes are on disk before the rename) and renamed over `path`
-    (`os.replace`, atomic on POSIX; the folder is fsync'ed after it). Readers never see half a file, and a process killed at any moment leaves either
+    (`os.replace`, atomic on POSIX; the folder is fsync'ed after it). Readers never see half a file, and a process
+    killed at any moment leaves either
     the old file or the new one (the temporary file of a SIGKILLed writer can stay: `save_checkpoint` removes those).
 
     Raises WriteFailed when the write fails with an OSError (ENOSPC, EIO, EFBIG under a file size limit, a vanished

@@ -50,7 +50,8 @@ class Meter:
       batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions
       and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and the optimizer are not
       counted; an activation-checkpointing recompute is: hardware FLOPs, not the model's). DataParallel's
-      replicas run their forward in threads the counter does not see (train_DP.py reports none on 2+ GPUs). The second step, not the first: a compiled model compiles
+      replicas run their forward in threads the counter does not see (train_DP.py reports none on 2+ GPUs). The second
+      step, not the first: a compiled model compiles
       at its first call, and under the counter it would run eagerly and compile a step later. That step runs slower
       (Python sees every op): it is a warm-up step unless --warmup-steps is below 2.
     """

@@ -109,7 +109,8 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     and anything else to record (loader, workers, ...). Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
     `time_to_target_incl_compile_s` with it), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
-    training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every flag with its default), and the
+    training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every
+    flag with its default), and the
     run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
     `failed_writes`). The metrics JSON keys are listed in docs/bench.md.
     """

@@ -32,7 +32,8 @@ class Preemption:
     group of CPU tensors (a new one when the default group is NCCL): it never synchronises a GPU stream. Its cost,
     measured (bench/preemption_cost.py, results/preemption-cost-2026-11-25/): 563 us a call on 2 CPU processes, 0.69 %
     of train_DDP.py's 82 ms small-CNN step, and 5 interleaved pairs of runs with and without it differ by 0.92x to
-    1.18x, so it is not measurable in images/s: it runs at every step, where a signal is seen soonest. DataLoader workers ignore SIGTERM (`seed_worker`): a signal sent to the
+    1.18x, so it is not measurable in images/s: it runs at every step, where a signal is seen soonest. DataLoader
+    workers ignore SIGTERM (`seed_worker`): a signal sent to the
     whole process group (Slurm, `timeout`) must not kill them under a main process that is still finishing its step.
     """
 

@@ -17,7 +17,8 @@ def seed_everything(seed: int, deterministic: bool = False) -> torch.Generator:
     With `deterministic`, also ask for reproducible kernels, following
     https://pytorch.org/docs/stable/notes/randomness.html: `torch.use_deterministic_algorithms(True, warn_only=True)`
     (deterministic kernels where torch has them; an op without one warns once naming itself and runs as usual, so the
-    run repeats bit for bit only if no such warning was printed), cuDNN without autotuning (`benchmark = False`, `deterministic = True`) and the cuBLAS workspace setting
+    run repeats bit for bit only if no such warning was printed), cuDNN without autotuning (`benchmark = False`,
+    `deterministic = True`) and the cuBLAS workspace setting
     CUDA >= 10.2 needs (`CUBLAS_WORKSPACE_CONFIG=:4096:8`, set before the first cuBLAS call). DataLoader workers are
     seeded by `seed_worker` from torch's global generator, seeded here; the returned generator is the shuffle's (the
     scripts reseed it with seed + epoch at each epoch), so two runs with the same seed see the same batches.
