@@ -24,3 +24,34 @@ def test_datasheet_share_of_an_h100_row():
     assert peak.of_datasheet(achieved, "fp32", {"gpus": []}, "cnn", 0) is None  # a CPU has no datasheet here
     assert peak.of_datasheet(achieved, "fp32", env, "cnn", 0) is None  # a --device cpu row on a GPU machine
     assert peak.count_flops_per_image("mlp", 1, 28) == 818_176  # the hand count of tests/test_train.py
+
+
+def test_a_model_of_matmuls_is_measured_against_the_float32_peak_under_tf32_convs():
+    """cuDNN's TF32 covers convolutions only; a GPT's or ViT's float32 matmuls run in float32, so their share is of
+    the float32 peak (a GPT-2 row at 44 TFLOP/s read 12.6 % "of peak" against TF32's 349 on an H200, 87 % of float32)."""
+    for model in ("gpt", "gpt2", "vit", "mlp"):
+        assert peak.matmul_dtype("fp32 (TF32 convs)", model) == "float32"
+    assert peak.matmul_dtype("fp32 (TF32 convs)", "resnet50") == "tf32"
+    assert peak.matmul_dtype("amp float16", "gpt2") == "float16"
+
+
+def test_a_slow_first_call_does_not_end_the_matmul_peak_climb(monkeypatch):
+    """A dtype's first matmul can be slow once (CUDA loads its kernels at first use): that alone must not stop the
+    climb at the smallest side (an H200's bfloat16 peak read 61 TFLOP/s, at side 1024, when it did)."""
+    import time
+
+    import torch
+
+    real, sides, first = torch.matmul, [], set()
+
+    def matmul(a, b):
+        sides.append(a.shape[0])
+        if a.dtype not in first:  # a one-time cost on each dtype's first call, 3 tenths of `seconds`
+            first.add(a.dtype)
+            time.sleep(0.09)
+        return real(a, b)
+
+    monkeypatch.setattr(torch, "matmul", matmul)
+    peaks = peak.measure_gemm_peak(torch.device("cpu"), seconds=0.3)
+    assert sides[:2] == [1024, 1024] and 2048 in sides  # the first side timed after all, and the climb went on
+    assert peaks["float32"] > 0
