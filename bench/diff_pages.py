@@ -1,7 +1,7 @@
 """Side-by-side pages: each technique script next to its base, aligned, every `# new #` line highlighted.
 
     python bench/diff_pages.py --out diffs                # then open diffs/index.html in a browser
-    python bench/diff_pages.py --out diffs --results results/cpu-2core results/gpu-h100
+    python bench/diff_pages.py --out diffs --results results/cpu-2core-avx2-2026-11-26-b results/gpu-h200-2026-11-26-gpt
 
 Static HTML with inline CSS: no server, no network, no JavaScript. index.html shows the chains of variants as a tree
 (each variant under the base it declares) and lists every (variant, base) pair with its technique and every speed-up

@@ -47,10 +47,10 @@ def comparisons(matrix: list[dict]) -> list[Comparison]:
     that measures the noise floor), `rung_base`, `ablation_of` and `ceiling`, and for
     a row of a memory table or a sweep that is not its first, that table's or sweep's first row (matrix order). A row
     is never compared with itself; a self pair is a row whose reference is a copy of it (same script and arguments)."""
-    found, first = [], {}
+    found, first, names = [], {}, {run["name"] for run in matrix}
     for run in matrix:
-        for kind in ("same_as", "rung_base", "ablation_of", "ceiling"):
-            if run.get(kind) and run[kind] != run["name"]:
+        for kind in ("same_as", "rung_base", "ablation_of", "ceiling"):  # a row --only left out compares nothing
+            if run.get(kind) and run[kind] != run["name"] and run[kind] in names:
                 found.append(Comparison(run["name"], run[kind], kind))
         for group in _names(run.get("memory")):  # each row against the table's first (its reference)
             head = first.setdefault(("memory", group), run["name"])

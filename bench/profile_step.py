@@ -2,7 +2,7 @@
 
     python bench/profile_step.py                                   # small CNN, bf16 autocast + channels_last, CPU
     python bench/profile_step.py --amp-dtype float32 --model vit   # another rung, another model
-    python bench/profile_step.py --device cuda --model resnet50 --image-size 224 --batch-size 128
+    python bench/profile_step.py --device cuda --model resnet50 --image-size 224 --batch-size 128   # on a GPU
 
 The step is train_channels_last.py's (autocast, NHWC, AdamW; without its GradScaler and schedule) on one synthetic batch, run eagerly and then through
 torch.compile (train_compile.py's rung), each warmed up, timed (images/s over --steps steps) and profiled over 10

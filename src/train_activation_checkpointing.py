@@ -27,7 +27,7 @@ The small CNN and the MLP have no repeated blocks: with them the script says so 
 
     python src/train_activation_checkpointing.py --model vit                     # every ViT encoder block but the last
     python src/train_activation_checkpointing.py --model resnet18 --recompute-every 2
-    python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --max-steps 50 --device cuda
+    python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --device cuda   # GPU
     diff src/train.py src/train_activation_checkpointing.py                     # only the lines marked `# new #`
 """
 

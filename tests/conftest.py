@@ -1,5 +1,6 @@
 """Shared helpers: run a project script as a real subprocess, find the real Fashion-MNIST files, skip GPU tests."""
 
+import json
 import os
 import subprocess
 import sys
@@ -12,66 +13,71 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 import common  # noqa: E402
+import zygote  # noqa: E402  (tests/zygote.py: the standard library only, until its server starts)
 
 
 def run(*argv, timeout=600, env=None, **kwargs) -> subprocess.CompletedProcess:
     """Run `python argv...` from the repository root (in `env`, default this process's environment); return the
-    finished process with text stdout/stderr."""
+    finished process with text stdout/stderr. A script (`argv[0]` a .py file) runs in a child of tests/zygote.py,
+    which has imported torch already (8 s of CPU a run saved on a slow 2-core host), unless the run needs a fresh
+    interpreter (see zygote.py) or TESTS_NO_ZYGOTE is set."""
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
+    argv = [str(a) for a in argv]
+    if not kwargs and _forkable(argv, env):
+        return _zygote_run(argv, env, timeout)
     return subprocess.run(
-        [sys.executable, *map(str, argv)], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kwargs
+        [sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, **kwargs
     )
 
 
-def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    """A clean failure: non-zero exit, no traceback, one line on stderr that contains every fragment."""
-    assert proc.returncode != 0, proc.stdout + proc.stderr
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert lines, "nothing on stderr"
-    for fragment in fragments:
-        assert fragment in lines[-1], lines[-1]
+_ZYGOTE: dict = {}
 
 
-def assert_loads_into_train_py(checkpoint: Path) -> dict:
-    """The checkpoint's model state loads, strictly (every key, every shape), into the model train.py builds for
-    Fashion-MNIST: no `module.` (DP / DDP) or `_orig_mod.` (torch.compile) prefix. Returns the checkpoint."""
-    state = torch.load(checkpoint, weights_only=True)
-    model = state["made_by"]["model"]
-    shape = (84, state["model"]["embed.position.weight"].size(0)) if model in common.TEXT_MODELS else (1, 28)
-    common.build_model(model, *shape).load_state_dict(state["model"])
-    return state
+def _forkable(argv: list[str], env: dict) -> bool:
+    return (
+        "TESTS_NO_ZYGOTE" not in os.environ
+        and bool(argv)
+        and argv[0].endswith(".py")
+        and all(env.get(k) == os.environ.get(k) for k in zygote.FIXED)
+    )
 
 
-def stopped_after_first_checkpoint(script: str, *flags, timeout=300) -> subprocess.CompletedProcess:
-    """Run `script` with `flags` (which name its --checkpoint-dir) and SIGKILL it right after its first checkpoint
-    is written (tests/crash_probe.py), as a preempted job is left: for a 2-epoch train.py run, last.pt holds epoch 1
-    of 2, and a --resume with the same flags continues it (another --epochs would be refused: it reshapes the
-    one-cycle schedule). Returns the killed process (exit -9)."""
-    proc = run("tests/crash_probe.py", "0:after-save:1:0", "--", script, *flags, timeout=timeout,
-               env={**os.environ, "RANK": "0"})  # fmt: skip
-    assert proc.returncode == -9, proc.stdout + proc.stderr
-    return proc
+def zygote_python_env() -> dict:
+    """The environment for `bench/bench.py --python tests/zygote_python`: its runs of scripts fork from this
+    process's zygote (a bench whose runs are not killed: the smoke profile)."""
+    return {
+        **os.environ,
+        "ZYGOTE_SOCKET": _zygote_socket(),
+        "ZYGOTE_REAL_PYTHON": sys.executable,
+        "ZYGOTE_FIXED": json.dumps({k: os.environ.get(k) for k in zygote.FIXED}),
+    }
 
 
-@pytest.fixture(scope="session")
-def fmnist_dir() -> Path:
-    """The folder with the real Fashion-MNIST files (the set-up installs them; no download in tests)."""
-    try:
-        return common.data.find_fashion_mnist(download=False)
-    except common.data.DataNotFound as error:
-        pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
+def _zygote_socket() -> str:
+    """The socket of this process's zygote, started at the first call (it imports torch: seconds)."""
+    if _ZYGOTE.get("pid") != os.getpid() or _ZYGOTE["server"].poll() is not None:  # none yet, or it was killed
+        import atexit
+        import tempfile
+
+        folder = tempfile.mkdtemp(prefix="zygote-")
+        path = os.path.join(folder, "socket")
+        server = subprocess.Popen(
+            [sys.executable, str(REPO / "tests" / "zygote.py"), path], cwd=REPO, stdout=subprocess.PIPE, text=True
+        )
+        assert server.stdout.readline().strip() == "ready", "tests/zygote.py did not start"
+        atexit.register(server.kill)
+        _ZYGOTE.update(pid=os.getpid(), path=path, server=server, folder=folder)
+    return _ZYGOTE["path"]
 
 
-LONGEST_FIRST = ["test_equivalence.py", "test_gpt.py", "test_smoke.py", "test_variants.py", "test_loaders.py"]
+def _zygote_run(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:
+    import tempfile
 
-
-def pytest_collection_modifyitems(config, items):
-    # The longest files first: tests/run.sh hands whole files to 2 processes in this order (pytest-xdist, loadfile).
-    items.sort(key=lambda item: next((i for i, n in enumerate(LONGEST_FIRST) if item.path.name == n), 99))
-    if torch.cuda.is_available():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, open(os.devnull) as null:
+        try:
+            status = zygote.client(argv, str(REPO), env, [null.fileno(), out.fileno(), err.fileno()], _zygote_socket(), timeout)
+        except TimeoutError:
+            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess([sys.executable, *argv], status, out.read(), err.read())

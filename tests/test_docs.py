@@ -335,3 +335,27 @@ def test_every_test_a_page_names_exists():
         for n, name in unknown_tests(page.read_text(), defined)
     ]
     assert not missing, "\n".join(missing)
+
+
+def unlabelled_gpu_lines(commands_: list[tuple[str, str]]) -> list[str]:
+    """Run lines that need a GPU (`--device cuda`) but do not say so ("GPU" in the line or its comment), and run
+    lines that name a results/ folder that does not exist: on a CPU-only laptop both fail as written."""
+    found = []
+    for where, command in commands_:
+        for script, args in run_lines(command):
+            if re.search(r"--device[ =]cuda\b", " ".join(args)) and "GPU" not in command:
+                found.append(f"{where}: needs a GPU and does not say so: {command}")
+            missing = [a for a in args if a.startswith("results/") and "{" not in a and not (REPO / a).exists()]
+            if missing and "--out" not in args[max(0, args.index(missing[0]) - 1) : args.index(missing[0])]:
+                found.append(f"{where}: {', '.join(missing)} does not exist: {command}")
+    return found
+
+
+def test_every_run_line_that_needs_a_gpu_says_so_and_names_folders_that_exist():
+    """Every run line in the README, docs/ and the docstrings works as written on a CPU-only laptop or says what it
+    needs; shown to catch the two kinds of line --help once printed."""
+    assert unlabelled_gpu_lines([("x", "python src/train.py --device cuda")])
+    assert not unlabelled_gpu_lines([("x", "python src/train.py --device cuda   # on a GPU")])
+    assert unlabelled_gpu_lines([("x", "python bench/diff_pages.py --out d --results results/cpu-2core")])
+    found = unlabelled_gpu_lines(all_commands())
+    assert not found, "\n".join(found)

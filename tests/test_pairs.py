@@ -53,6 +53,9 @@ def test_a_matrix_without_a_self_pair_gets_one():
     assert pairs.is_self_pair(pairs.comparisons(matrix)[0], matrix)
     assert pairs.ensure_self_pair(matrix) is None  # one is enough
     assert pairs.ensure_self_pair([{"name": "T", "script": "s", "args": []}]) is None  # nothing to compare
+    # --only that keeps a row but not what it is compared with: no comparison (it was a StopIteration traceback)
+    alone = [{"name": "T, again", "script": "src/train.py", "args": [], "same_as": "T"}]
+    assert pairs.comparisons(alone) == [] and pairs.ensure_self_pair(alone) is None
 
 
 def _runs(rates: dict[int, float], spreads: dict[int, float] | None = None, config: dict[int, str] | None = None):

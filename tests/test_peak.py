@@ -37,21 +37,25 @@ def test_a_model_of_matmuls_is_measured_against_the_float32_peak_under_tf32_conv
 
 def test_a_slow_first_call_does_not_end_the_matmul_peak_climb(monkeypatch):
     """A dtype's first matmul can be slow once (CUDA loads its kernels at first use): that alone must not stop the
-    climb at the smallest side (an H200's bfloat16 peak read 61 TFLOP/s, at side 1024, when it did)."""
-    import time
+    climb at the smallest side (an H200's bfloat16 peak read 61 TFLOP/s, at side 1024, when it did). The probe's
+    clock is simulated, so the test is deterministic: a call of side n takes n^3 x 1e-11 s (0.2 TFLOP/s at every
+    side; 0.69 s at 4096, over the 0.1 s limit), a dtype's first call 1 s more."""
+    import types
 
     import torch
 
-    real, sides, first = torch.matmul, [], set()
+    clock, sides, first = [0.0], [], set()
 
     def matmul(a, b):
-        sides.append(a.shape[0])
-        if a.dtype not in first:  # a one-time cost on each dtype's first call, 3 tenths of `seconds`
-            first.add(a.dtype)
-            time.sleep(0.09)
-        return real(a, b)
+        sides.append((a.dtype, a.shape[0]))
+        clock[0] += a.shape[0] ** 3 * 1e-11 + (1.0 if a.dtype not in first else 0.0)
+        first.add(a.dtype)
+        return a
 
     monkeypatch.setattr(torch, "matmul", matmul)
-    peaks = peak.measure_gemm_peak(torch.device("cpu"), seconds=0.3)
-    assert sides[:2] == [1024, 1024] and 2048 in sides  # the first side timed after all, and the climb went on
-    assert peaks["float32"] > 0
+    monkeypatch.setattr(peak, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    peaks = peak.measure_gemm_peak(torch.device("cpu"), seconds=1.0)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        timed = [n for d, n in sides if d == dtype]
+        assert timed[:2] == [1024, 1024] and 2048 in timed and max(timed) == 4096, timed  # slow once, then on
+    assert peaks == pytest.approx({"float32": 0.2, "bfloat16": 0.2, "float16": 0.2})
