@@ -31,6 +31,7 @@ def run(*argv, timeout=600, env=None, **kwargs) -> subprocess.CompletedProcess:
 
 
 _ZYGOTE: dict = {}
+_ZYGOTE_ENV = dict(os.environ)  # what the zygote starts with (a test's monkeypatch.setenv later does not reach it)
 
 
 def _forkable(argv: list[str], env: dict) -> bool:
@@ -38,7 +39,7 @@ def _forkable(argv: list[str], env: dict) -> bool:
         "TESTS_NO_ZYGOTE" not in os.environ
         and bool(argv)
         and argv[0].endswith(".py")
-        and all(env.get(k) == os.environ.get(k) for k in zygote.FIXED)
+        and all(env.get(k) == _ZYGOTE_ENV.get(k) for k in zygote.FIXED)
     )
 
 
@@ -49,7 +50,7 @@ def zygote_python_env() -> dict:
         **os.environ,
         "ZYGOTE_SOCKET": _zygote_socket(),
         "ZYGOTE_REAL_PYTHON": sys.executable,
-        "ZYGOTE_FIXED": json.dumps({k: os.environ.get(k) for k in zygote.FIXED}),
+        "ZYGOTE_FIXED": json.dumps({k: _ZYGOTE_ENV.get(k) for k in zygote.FIXED}),
     }
 
 
@@ -57,15 +58,18 @@ def _zygote_socket() -> str:
     """The socket of this process's zygote, started at the first call (it imports torch: seconds)."""
     if _ZYGOTE.get("pid") != os.getpid() or _ZYGOTE["server"].poll() is not None:  # none yet, or it was killed
         import atexit
+        import shutil
         import tempfile
 
         folder = tempfile.mkdtemp(prefix="zygote-")
         path = os.path.join(folder, "socket")
         server = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "zygote.py"), path], cwd=REPO, stdout=subprocess.PIPE, text=True
-        )
+            [sys.executable, str(REPO / "tests" / "zygote.py"), path], cwd=REPO, stdout=subprocess.PIPE, text=True,
+            env=_ZYGOTE_ENV,
+        )  # fmt: skip
         assert server.stdout.readline().strip() == "ready", "tests/zygote.py did not start"
         atexit.register(server.kill)
+        atexit.register(shutil.rmtree, folder, True)
         _ZYGOTE.update(pid=os.getpid(), path=path, server=server, folder=folder)
     return _ZYGOTE["path"]
 
@@ -75,9 +79,64 @@ def _zygote_run(argv: list[str], env: dict, timeout: float) -> subprocess.Comple
 
     with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err, open(os.devnull) as null:
         try:
-            status = zygote.client(argv, str(REPO), env, [null.fileno(), out.fileno(), err.fileno()], _zygote_socket(), timeout)
+            fds = [null.fileno(), out.fileno(), err.fileno()]
+            status = zygote.client(argv, str(REPO), env, fds, _zygote_socket(), timeout)
         except TimeoutError:
             raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess([sys.executable, *argv], status, out.read(), err.read())
+
+
+def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    """A clean failure: non-zero exit, no traceback, one line on stderr that contains every fragment."""
+    assert proc.returncode != 0, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert lines, "nothing on stderr"
+    for fragment in fragments:
+        assert fragment in lines[-1], lines[-1]
+
+
+def assert_loads_into_train_py(checkpoint: Path) -> dict:
+    """The checkpoint's model state loads, strictly (every key, every shape), into the model train.py builds for
+    Fashion-MNIST: no `module.` (DP / DDP) or `_orig_mod.` (torch.compile) prefix. Returns the checkpoint."""
+    state = torch.load(checkpoint, weights_only=True)
+    model = state["made_by"]["model"]
+    shape = (84, state["model"]["embed.position.weight"].size(0)) if model in common.TEXT_MODELS else (1, 28)
+    common.build_model(model, *shape).load_state_dict(state["model"])
+    return state
+
+
+def stopped_after_first_checkpoint(script: str, *flags, timeout=300) -> subprocess.CompletedProcess:
+    """Run `script` with `flags` (which name its --checkpoint-dir) and SIGKILL it right after its first checkpoint
+    is written (tests/crash_probe.py), as a preempted job is left: for a 2-epoch train.py run, last.pt holds epoch 1
+    of 2, and a --resume with the same flags continues it (another --epochs would be refused: it reshapes the
+    one-cycle schedule). Returns the killed process (exit -9)."""
+    proc = run("tests/crash_probe.py", "0:after-save:1:0", "--", script, *flags, timeout=timeout,
+               env={**os.environ, "RANK": "0"})  # fmt: skip
+    assert proc.returncode == -9, proc.stdout + proc.stderr
+    return proc
+
+
+@pytest.fixture(scope="session")
+def fmnist_dir() -> Path:
+    """The folder with the real Fashion-MNIST files (the set-up installs them; no download in tests)."""
+    try:
+        return common.data.find_fashion_mnist(download=False)
+    except common.data.DataNotFound as error:
+        pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
+
+
+LONGEST_FIRST = ["test_equivalence.py", "test_gpt.py", "test_smoke.py", "test_variants.py", "test_loaders.py"]
+
+
+def pytest_collection_modifyitems(config, items):
+    # The longest files first: tests/run.sh hands whole files to 2 processes in this order (pytest-xdist, loadfile).
+    items.sort(key=lambda item: next((i for i, n in enumerate(LONGEST_FIRST) if item.path.name == n), 99))
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

@@ -19,8 +19,10 @@ that runs scripts through it (`as_python`).
 """
 
 import atexit
+import io
 import json
 import os
+import random
 import runpy
 import select
 import signal
@@ -48,8 +50,13 @@ def script_child(request: dict, fds: list[int]) -> None:
     interpreter would (never returns)."""
     code = 1
     try:
-        for number in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD, signal.SIGPIPE):
-            signal.signal(number, signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL)
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # the dispositions a fresh interpreter starts with
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        random.seed()  # a fresh interpreter's unseeded generators differ from run to run; forked ones would not
+        if "numpy" in sys.modules:
+            sys.modules["numpy"].random.seed()
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])
@@ -57,13 +64,15 @@ def script_child(request: dict, fds: list[int]) -> None:
             os.dup2(fd, target)
             os.close(fd)
         sys.stdin = open(0, closefd=False)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+        sys.stdout, sys.stderr = (
+            io.TextIOWrapper(io.FileIO(fd, "w", closefd=False), write_through=True, line_buffering=True)
+            for fd in (1, 2)
+        )  # unbuffered, as PYTHONUNBUFFERED makes them: nothing is lost when a test SIGKILLs the run
         script, *args = request["argv"]
         sys.argv = [script, *args]
         sys.path[0] = os.path.dirname(os.path.abspath(script))
         try:
-            runpy.run_path(script, run_name="__main__")
+            runpy.run_path(os.path.abspath(script), run_name="__main__")  # __main__.__file__ absolute, as in 3.9+
             code = 0
         except SystemExit as stop:
             code = exit_code(stop.code)
@@ -87,7 +96,10 @@ def handle(connection: socket.socket) -> None:
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
     while not data.endswith(b"\n"):
-        data += connection.recv(1 << 20)
+        more = connection.recv(1 << 20)
+        if not more:  # the client went away before its request was whole
+            os._exit(0)
+        data += more
     request = json.loads(data)
     pid = os.fork()
     if pid == 0:
@@ -95,7 +107,12 @@ def handle(connection: socket.socket) -> None:
         script_child(request, fds)
     for fd in fds:
         os.close(fd)
-    connection.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    try:
+        connection.sendall((json.dumps({"pid": pid}) + "\n").encode())
+    except OSError:  # the client went away: so does its run
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os._exit(0)
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -118,9 +135,12 @@ def client(argv: list[str], cwd: str, env: dict, fds: list[int], path: str, time
         message = (json.dumps({"argv": argv, "cwd": cwd, "env": env}) + "\n").encode()
         socket.send_fds(connection, [message], fds)
         stream = connection.makefile("r")
-        json.loads(stream.readline())  # {"pid": ...}: the child runs
-        connection.settimeout(timeout)
-        return json.loads(stream.readline())["status"]
+        try:
+            json.loads(stream.readline())  # {"pid": ...}: the child runs
+            connection.settimeout(timeout)
+            return json.loads(stream.readline())["status"]
+        finally:
+            stream.close()
     finally:
         connection.close()  # before the child ended (a timeout, a signal): the handler kills it
 
