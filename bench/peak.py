@@ -48,8 +48,9 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
     8192 on CUDA; 1024, 2048, 4096 on a CPU), each timed for a third of `seconds` after two warm-up calls, tried
     smallest first: a side whose calls take over a tenth of `seconds` (two in a row: a first call may load kernels)
     ends the climb untimed (emulated dtypes, slow CPUs), and a dtype that slow at the smallest side is timed at the
-    largest smaller side (512, 256 ...) where one call is quick enough. Why several sides: the fastest one differs by machine and dtype (an AMX Xeon's bfloat16 ran 1.40 TFLOP/s at 1024 and 2.53 at 2048), so
-    one fixed side understates the peak and overstates every share of it. A matmul of side n is 2 n^3 FLOPs. This is
+    largest smaller side (512, 256 ...) where one call is quick enough. Why several sides: the fastest one differs
+    by machine and dtype (an AMX Xeon's bfloat16 ran 1.40 TFLOP/s at 1024 and 2.53 at 2048), so one fixed side
+    understates the peak and overstates every share of it. A matmul of side n is 2 n^3 FLOPs. This is
     the ceiling a training run's matmuls and convolutions can reach in that dtype on this machine (what cuBLAS or
     oneDNN/MKL achieve), usually below the datasheet's peak. A few seconds in all."""
     cuda = device.type == "cuda"

@@ -28,7 +28,7 @@ def test_datasheet_share_of_an_h100_row():
 
 def test_a_model_of_matmuls_is_measured_against_the_float32_peak_under_tf32_convs():
     """cuDNN's TF32 covers convolutions only; a GPT's or ViT's float32 matmuls run in float32, so their share is of
-    the float32 peak (a GPT-2 row at 44 TFLOP/s read 12.6 % "of peak" against TF32's 349 on an H200, 87 % of float32)."""
+    the float32 peak (a GPT-2 row read 12.6 % "of peak" against TF32's on an H200, 86.8 % of float32's)."""
     for model in ("gpt", "gpt2", "vit", "mlp"):
         assert peak.matmul_dtype("fp32 (TF32 convs)", model) == "float32"
     assert peak.matmul_dtype("fp32 (TF32 convs)", "resnet50") == "tf32"
