@@ -1,5 +1,6 @@
 """Shared helpers: run a project script as a real subprocess, find the real Fashion-MNIST files, skip GPU tests."""
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -43,11 +44,37 @@ def _forkable(argv: list[str], env: dict) -> bool:
     )
 
 
-def zygote_python_env() -> dict:
-    """The environment for `bench/bench.py --python tests/zygote_python`: its runs of scripts fork from this
-    process's zygote (a bench whose runs are not killed: the smoke profile)."""
+TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+
+
+def torchrun_command(*argv, env=None) -> tuple[list[str], dict]:
+    """The command `python -m torch.distributed.run argv...` (torchrun's flags, then the script and its flags) and its
+    environment (default this process's): each worker runs the script in a child of this process's zygote (torchrun's
+    --no-python, with tests/zygote_python as the program), or in a fresh interpreter where the worker's environment
+    differs from the zygote's (zygote.py) or TESTS_NO_ZYGOTE is set."""
+    argv, env = [str(a) for a in argv], dict(os.environ if env is None else env)
+    if "TESTS_NO_ZYGOTE" in os.environ:
+        return [*TORCHRUN, *argv], env
+    at = next(i for i, a in enumerate(argv) if a.endswith(".py"))
+    python = str(REPO / "tests" / "zygote_python")
+    return [*TORCHRUN, *argv[:at], "--no-python", python, *argv[at:]], zygote_python_env(env)
+
+
+def torchrun(*argv, env=None, timeout=600) -> subprocess.CompletedProcess:
+    """Run `torchrun argv...` from the repository root (see torchrun_command); the finished process, text output.
+    torchrun's agent itself runs in a child of the zygote too (torch/distributed/run.py as the script), where it can."""
+    command, env = torchrun_command(*argv, env=env)
+    agent = [importlib.util.find_spec("torch.distributed.run").origin, *command[3:]]
+    if _forkable(agent, env):
+        return _zygote_run(agent, {**env, "PYTHONUNBUFFERED": "1"}, timeout)
+    return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def zygote_python_env(env=None) -> dict:
+    """`env` (default this process's environment) for `bench/bench.py --python tests/zygote_python` or torchrun's
+    workers: their runs of scripts fork from this process's zygote."""
     return {
-        **os.environ,
+        **(os.environ if env is None else env),
         "ZYGOTE_SOCKET": _zygote_socket(),
         "ZYGOTE_REAL_PYTHON": sys.executable,
         "ZYGOTE_FIXED": json.dumps({k: _ZYGOTE_ENV.get(k) for k in zygote.FIXED}),

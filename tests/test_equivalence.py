@@ -14,20 +14,17 @@ does not need more: one step already shows a wrong gradient, a few a wrong order
 import json
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
-from conftest import REPO, assert_loads_into_train_py, run
+from conftest import assert_loads_into_train_py, run, torchrun
 from PIL import Image
 
 import common
 
 # Same seed, same order of samples (the DataLoader in the main process), same kernels from run to run on a CPU.
 SAME = ["--device", "cpu", "--workers", "0", "--seed", "0", "--warmup-steps", "0", "--log-every", "1000"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 # torchrun's agent keeps its TCP store across restarts unless told not to (see train_DDP_elastic.py's docstring).
 RESTARTABLE = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "PYTHONUNBUFFERED": "1"}
 
@@ -40,10 +37,7 @@ def train(out: Path, script: str, *flags, nproc: int | None = None, restarts: in
     if nproc is None:
         proc = run(*argv, env=env)
     else:
-        launcher = [*TORCHRUN, "--nproc-per-node", str(nproc), "--max-restarts", str(restarts)]
-        proc = subprocess.run(
-            [*launcher, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=600, env=env
-        )
+        proc = torchrun("--standalone", "--nproc-per-node", nproc, "--max-restarts", restarts, *argv, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return {
         "state": torch.load(out / "last.pt", weights_only=True),
@@ -90,8 +84,7 @@ def assert_resume_says_finished(result: dict, script: str, *flags, nproc: int | 
     if nproc is None:
         proc = run(*argv)
     else:
-        proc = subprocess.run([*TORCHRUN, "--nproc-per-node", str(nproc), *map(str, argv)], cwd=REPO,
-                              capture_output=True, text=True, timeout=300)  # fmt: skip
+        proc = torchrun("--standalone", "--nproc-per-node", nproc, *argv, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"holds a finished run ({steps} of {steps} steps): nothing left to train" in proc.stdout
     assert "Traceback" not in proc.stderr and checkpoint.read_bytes() == saved
@@ -767,8 +760,7 @@ def test_pipeline_resume_of_a_damaged_stage_optimizer_state_is_one_line_not_a_tr
     torch.save(state, tmp_path / "last.pt")
     before = (tmp_path / "last.pt").read_bytes()
     argv = ["src/train_pipeline.py", *SAME, *SPLIT, *RESUMED[1][1:], "--checkpoint-dir", tmp_path, "--resume"]
-    proc = subprocess.run([*TORCHRUN, "--nproc-per-node", "2", *map(str, argv)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    proc = torchrun("--standalone", "--nproc-per-node", 2, *argv, timeout=300)
     errors = [line for line in proc.stderr.splitlines() if "train_pipeline.py: error: --resume: " in line]
     assert proc.returncode != 0 and errors, proc.stdout + proc.stderr
     assert all("does not fit this model and optimizer (exp_avg of shape" in line for line in errors), errors

@@ -14,6 +14,7 @@ import sys
 
 import pytest
 import torch
+import conftest
 from conftest import REPO, assert_one_line_error, run
 
 TRAIN = [
@@ -33,10 +34,7 @@ no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the messa
 
 def torchrun(*argv, timeout=300):
     """torchrun with one process; its agent prints its own failure report after the worker's one-line error."""
-    return subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", *map(str, argv)],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+    return conftest.torchrun("--standalone", "--nproc-per-node", "1", *argv, timeout=timeout)
 
 
 def assert_worker_error(proc, *fragments):

@@ -2,12 +2,11 @@
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
 import torch
-from conftest import REPO, assert_one_line_error, run
+from conftest import REPO, assert_one_line_error, run, torchrun
 from PIL import Image
 
 import common
@@ -126,11 +125,10 @@ def test_dali_under_torchrun_reads_disjoint_shards_and_rank_0_writes_the_sum(tmp
     the ranks are all 1 (disjoint, and together every file), rank 0 alone prints and writes, images/s is the sum."""
     root = grey_folder(tmp_path / "one-per-class", [1] * 24, val_per_class=1)
     out = tmp_path / "m.json"
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "--log-dir", tmp_path / "logs", "--redirects", "3", "src/loader_DALI.py", *CPU, "--data-dir", root,
-         "--loader-only", "--epochs", "1", "--batch-size", "4", "--warmup-steps", "0", "--metrics-out", out],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+    proc = torchrun(
+        "--standalone", "--nproc-per-node", "2", "--log-dir", tmp_path / "logs", "--redirects", "3",
+        "src/loader_DALI.py", *CPU, "--data-dir", root, "--loader-only", "--epochs", "1", "--batch-size", "4",
+        "--warmup-steps", "0", "--metrics-out", out, timeout=300,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     metrics = json.loads(out.read_text())
@@ -145,17 +143,11 @@ def test_dali_under_torchrun_reads_disjoint_shards_and_rank_0_writes_the_sum(tmp
 
 def test_dali_under_torchrun_without_loader_only_is_refused(tmp_path):
     root = grey_folder(tmp_path / "g", [4] * 10)
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", "src/loader_DALI.py",
-         *CPU, "--data-dir", root, "--epochs", "1", "--batch-size", "4"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = torchrun("--standalone", "--nproc-per-node", "1", "src/loader_DALI.py", *CPU, "--data-dir", root,
+                    "--epochs", "1", "--batch-size", "4", timeout=300)  # fmt: skip
     assert proc.returncode == 0  # one process: nothing to shard
-    proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "src/loader_DALI.py",
-         *CPU, "--data-dir", root, "--epochs", "1", "--batch-size", "4"],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    proc = torchrun("--standalone", "--nproc-per-node", "2", "src/loader_DALI.py", *CPU, "--data-dir", root,
+                    "--epochs", "1", "--batch-size", "4", timeout=300)  # fmt: skip
     assert proc.returncode != 0 and "add --loader-only" in proc.stderr
 
 

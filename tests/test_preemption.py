@@ -26,11 +26,10 @@ import sys
 from pathlib import Path
 
 import torch
-from conftest import REPO, stopped_after_first_checkpoint
+from conftest import REPO, stopped_after_first_checkpoint, torchrun_command
 
 FLAGS = ["--device", "cpu", "--subset", "1024", "--test-subset", "500", "--batch-size", "128", "--epochs", "2",
          "--deterministic", "--seed", "0", "--warmup-steps", "0", "--log-every", "1"]  # fmt: skip  # 8 steps an epoch
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 UNBUFFERED = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
@@ -38,9 +37,8 @@ def launch(argv, **kwargs) -> subprocess.Popen:
     """Start `argv` (a script's path first: run with this Python) in the repository, unbuffered, output captured."""
     argv = argv if argv[0] == sys.executable else [sys.executable, *argv]
     kwargs.setdefault("cwd", REPO)
-    return subprocess.Popen(
-        list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=UNBUFFERED, **kwargs
-    )  # fmt: skip
+    kwargs.setdefault("env", UNBUFFERED)
+    return subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 def finish(argv, **kwargs) -> subprocess.CompletedProcess:
@@ -49,9 +47,9 @@ def finish(argv, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(argv, job.returncode, stdout, stderr)
 
 
-def terminate_after(argv, step: int, send) -> subprocess.CompletedProcess:
+def terminate_after(argv, step: int, send, **kwargs) -> subprocess.CompletedProcess:
     """Start `argv`, wait for its progress line of `step` ("step K/"), then `send(job)` SIGTERM; return the result."""
-    job = launch(argv, start_new_session=True)
+    job = launch(argv, start_new_session=True, **kwargs)
     lines = []
     try:
         for line in job.stdout:
@@ -138,18 +136,22 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_ends_wi
     one line; both exit 143, which torchrun (no restarts) reports as a failure, exit 1. `torchrun ... --resume` ends
     with the uninterrupted run's weights, bit for bit, as after a crash (test_equivalence.py). SIGTERM to torchrun
     itself, which passes it on to every worker: the bench's test (test_bench.py) and train.py's above."""
+    def ranks(*flags):  # the tests' torchrun (conftest.py): its workers, forked, pass a signal on to the script
+        command, env = torchrun_command("--standalone", "--nproc-per-node", 2, *flags, env=UNBUFFERED)
+        return {"argv": command, "env": env}
+
     flags = ["src/train_DDP_elastic.py", *FLAGS, "--batch-size", "64", "--workers", "0"]
-    full = finish([*TORCHRUN, *flags, "--checkpoint-dir", tmp_path / "full"])
+    full = finish(**ranks(*flags, "--checkpoint-dir", tmp_path / "full"))
     assert full.returncode == 0, full.stderr
     k = random.randint(1, 10)
     ck = tmp_path / "cut"
     cut = terminate_after(
-        [*TORCHRUN, *flags, "--checkpoint-dir", ck], k, lambda job: os.kill(rank_pid(job.pid, 1), signal.SIGTERM)
+        step=k, send=lambda job: os.kill(rank_pid(job.pid, 1), signal.SIGTERM), **ranks(*flags, "--checkpoint-dir", ck)
     )
     assert cut.returncode == 1 and "exitcode  : 143" in cut.stderr, cut.stderr
     n = stopped_line(cut, "train_DDP_elastic.py", ck / "last.pt")
     assert k <= n < 16 and state(ck / "last.pt")["step"] == n, f"K={k}, N={n}\n{cut.stderr}"
-    resumed = finish([*TORCHRUN, *flags, "--checkpoint-dir", ck, "--resume"])
+    resumed = finish(**ranks(*flags, "--checkpoint-dir", ck, "--resume"))
     assert resumed.returncode == 0, resumed.stderr
     assert_same_weights(state(ck / "last.pt"), state(tmp_path / "full" / "last.pt"))
 

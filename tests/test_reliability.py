@@ -3,13 +3,10 @@
 
 import json
 import re
-import subprocess
-import sys
 
 import torch
-from conftest import REPO, run
+from conftest import run, torchrun
 
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1"]
 ELASTIC = ["src/train_DDP_elastic.py", "--device", "cpu", "--workers", "0", "--subset", "2048", "--batch-size", "128",
            "--epochs", "2", "--seed", "0", "--warmup-steps", "3", "--log-every", "1000"]  # fmt: skip
 
@@ -52,14 +49,13 @@ def test_a_run_that_max_steps_cut_mid_epoch_is_finished_and_another_length_is_re
     """--max-steps 10 ends epoch 1 after 10 of its 16 steps, a finished run: --resume with the same flags says so and
     exits 0; --resume without --max-steps (or with another) would reshape the one-cycle schedule, which ended at step
     10, into one of 32 steps resumed at step 10: refused in one line, the checkpoint left as it was."""
-    flags = [*TORCHRUN, *ELASTIC, "--checkpoint-dir", tmp_path]
-    first = subprocess.run([*flags, "--max-steps", "10"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    flags = ["--standalone", "--nproc-per-node", "1", *ELASTIC, "--checkpoint-dir", tmp_path]
+    first = torchrun(*flags, "--max-steps", "10", timeout=300)
     assert first.returncode == 0, first.stderr
     saved = (tmp_path / "last.pt").read_bytes()
-    again = subprocess.run([*flags, "--max-steps", "10", "--resume"], cwd=REPO, capture_output=True, text=True,
-                           timeout=300)  # fmt: skip
+    again = torchrun(*flags, "--max-steps", "10", "--resume", timeout=300)
     assert again.returncode == 0 and "holds a finished run (10 of 10 steps)" in again.stdout, again.stderr
-    longer = subprocess.run([*flags, "--resume"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    longer = torchrun(*flags, "--resume", timeout=300)
     errors = [line for line in longer.stderr.splitlines() if "train_DDP_elastic.py: error: " in line]
     assert longer.returncode != 0 and "resumed from" not in longer.stdout
     assert errors and "max steps 10 there, none here" in errors[0], longer.stderr

@@ -8,20 +8,17 @@ import sys
 
 import pytest
 import torch
+import conftest
 from conftest import REPO, assert_one_line_error, run
 
 import common
 
 QUICK = ["--device", "cpu", "--model", "cnn", "--workers", "0", "--warmup-steps", "3", "--log-every", "1000",
          "--test-subset", "500"]  # fmt: skip
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
 
 
 def torchrun(nproc, *argv, timeout=600):
-    return subprocess.run(
-        [*TORCHRUN, "--nproc-per-node", str(nproc), *map(str, argv)], cwd=REPO, capture_output=True, text=True,
-        timeout=timeout,
-    )  # fmt: skip
+    return conftest.torchrun("--standalone", "--nproc-per-node", nproc, *argv, timeout=timeout)
 
 
 def metrics_of(tmp_path, script, *flags, name="m.json"):

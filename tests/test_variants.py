@@ -4,20 +4,19 @@ import json
 import shutil
 import socket
 import subprocess
-import sys
 
 import pytest
 import torch
+import conftest
 from conftest import REPO, assert_loads_into_train_py, assert_one_line_error, run
 
 import common
 
 QUICK = ["--device", "cpu", "--model", "cnn", "--workers", "0", "--warmup-steps", "3", "--log-every", "4"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 
 
 def torchrun(*argv, timeout=600):
-    return subprocess.run([*TORCHRUN, *map(str, argv)], cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    return conftest.torchrun(*argv, timeout=timeout)
 
 
 # -- DistributedDataParallel ----------------------------------------------------------------------------------------
@@ -121,18 +120,18 @@ def test_two_node_rendezvous_on_localhost(tmp_path):
     """Two torchrun agents, one process each, meet through a c10d rendezvous, as two nodes would."""
     port = _free_port()
 
-    def agent_argv(node):
-        return [
-            *TORCHRUN, "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+    def agent_command(node):
+        return conftest.torchrun_command(
+            "--nnodes", "2", "--node-rank", node, "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two-nodes",
             "src/train_DDP.py", *QUICK, "--subset", "1024", "--epochs", "1",
             "--metrics-out", tmp_path / f"node{node}.json",
-        ]  # fmt: skip
+        )  # fmt: skip
 
-    commands = [agent_argv(node) for node in (0, 1)]
+    commands = [agent_command(node) for node in (0, 1)]
     agents = [
-        subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        for argv in commands
+        subprocess.Popen(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for argv, env in commands
     ]
     try:
         logs = [agent.communicate(timeout=300)[0] for agent in agents]

@@ -126,9 +126,12 @@ def handle(connection: socket.socket) -> None:
     os._exit(0)
 
 
-def client(argv: list[str], cwd: str, env: dict, fds: list[int], path: str, timeout: float | None = None) -> int:
+def client(
+    argv: list[str], cwd: str, env: dict, fds: list[int], path: str, timeout: float | None = None, started=None
+) -> int:
     """Run `python argv...` in a child of the zygote at `path`, with `fds` as its stdin, stdout and stderr; return its
-    exit code (raises TimeoutError after `timeout` seconds, having killed it)."""
+    exit code, -N when signal N killed it (raises TimeoutError after `timeout` seconds, having killed it). `started`,
+    if given, is called with the child's pid once it runs."""
     connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     connection.connect(path)
     try:
@@ -136,7 +139,9 @@ def client(argv: list[str], cwd: str, env: dict, fds: list[int], path: str, time
         socket.send_fds(connection, [message], fds)
         stream = connection.makefile("r")
         try:
-            json.loads(stream.readline())  # {"pid": ...}: the child runs
+            pid = json.loads(stream.readline())["pid"]  # the child runs
+            if started is not None:
+                started(pid)
             connection.settimeout(timeout)
             return json.loads(stream.readline())["status"]
         finally:
@@ -146,18 +151,31 @@ def client(argv: list[str], cwd: str, env: dict, fds: list[int], path: str, time
 
 
 def as_python(argv: list[str]) -> None:
-    """`tests/zygote_python argv...`: a `python` for bench.py's --python. `script.py args` runs in a child of the
-    zygote whose socket ZYGOTE_SOCKET names (its environment in ZYGOTE_FIXED), on this process's stdin, stdout and
-    stderr, and this process exits with its code; anything else (`-m torch.distributed.run ...`, another
-    environment) replaces this process with the real interpreter (ZYGOTE_REAL_PYTHON). Killed, this process takes
-    the child with it (the handler sees the connection close)."""
+    """`tests/zygote_python argv...`: a `python` for bench.py's --python and for torchrun's workers (`torchrun
+    --no-python tests/zygote_python script.py ...`). `script.py args` runs in a child of the zygote whose socket
+    ZYGOTE_SOCKET names (its environment in ZYGOTE_FIXED), on this process's stdin, stdout and stderr, and this
+    process ends as the child did: its exit code, or killed by the same signal. SIGTERM, SIGINT, SIGHUP, SIGUSR1 and
+    SIGUSR2 sent to this process go on to the child (a preempted worker stops as it would), and SIGKILL takes the
+    child with it (the handler sees the connection close). Anything else (`-m torch.distributed.run ...`, another
+    environment) replaces this process with the real interpreter (ZYGOTE_REAL_PYTHON)."""
     env, real = dict(os.environ), os.environ["ZYGOTE_REAL_PYTHON"]
     fixed = json.loads(env.get("ZYGOTE_FIXED", "null"))
     if not (argv and argv[0].endswith(".py") and fixed == {k: env.get(k) for k in FIXED}):
         os.execv(real, [real, *argv])
-    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # die at once: the closed connection kills the child
-        signal.signal(number, lambda signum, _: os._exit(128 + signum))
-    sys.exit(client(argv, os.getcwd(), env, [0, 1, 2], env["ZYGOTE_SOCKET"]))
+    child = {}
+
+    def forward(signum, _):
+        if "pid" not in child:  # not started yet: die at once, the closed connection stops it
+            os._exit(128 + signum)
+        os.kill(child["pid"], signum)
+
+    for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
+        signal.signal(number, forward)
+    status = client(argv, os.getcwd(), env, [0, 1, 2], env["ZYGOTE_SOCKET"], started=lambda pid: child.update(pid=pid))
+    if status < 0:  # killed by a signal: so is this process, for whoever waits on it (torchrun, the bench)
+        signal.signal(-status, signal.SIG_DFL)
+        os.kill(os.getpid(), -status)
+    sys.exit(status)
 
 
 def main() -> None:
