@@ -3,7 +3,7 @@
     python bench/bench.py --profile smoke --out /tmp/smoke          # CPU, seconds per run (what the tests run)
     python bench/bench.py --profile cpu --out results/cpu-2core     # 2 cores: 12 min 39 s with data preparation
     python bench/bench.py --profile auto                            # gpu when CUDA is present, else cpu
-    python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: only what is missing
+    python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: what is missing
     python bench/bench.py --profile cpu --out results/cpu-2core --only compile     # the configurations named so
     python bench/bench.py --profile cpu --out results/cpu-2core --tables-only      # tables again from runs.csv
     python bench/bench.py --peak-table results/gpu-h100-2026-11-23-ladder        # peak.md of a result folder
@@ -25,6 +25,8 @@ The runner's modules, beside this file (this file is the entry point and the flo
 `common`, before it imports them):
 
     profiles.py  the matrix: load_profile (checked whole before any run), skip_reason, KNOBS, fail
+    pairs.py     interleaved pairs: plan (the order of the runs), assess (disturbed pairs), reruns_due, pair_ratios,
+                 noise_floor, the verdicts
     runs.py      one run: command, execute (a subprocess in its own session, timeout, log, metrics JSON), Stop (the
                  signals, read at safe points), end_run, finished_rows (--resume)
     summary.py   from runs to configurations: summarise (medians, ratios to the baseline, the rung's base, the
@@ -34,6 +36,7 @@ The runner's modules, beside this file (this file is the entry point and the flo
     cells.py     a table cell's text (numbers, ratios, statuses) and the hardware line
     tables.py    table.md, ladder.md, the memory / sweep / ablation / input-pipeline tables, peak.md
     plots.py     the PNGs: throughput, accuracy vs time, memory, data-wait, ladder, sweeps
+    diff_pages.py  index.html and the side-by-side page of each technique against its base
 """
 
 from __future__ import annotations
@@ -104,7 +107,7 @@ def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, p
     return summary
 
 
-def main() -> None:
+def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--profile",
@@ -146,20 +149,26 @@ def main() -> None:
         "per image counted here for runs made before the runs counted them)",
     )
     args = parser.parse_args()
-    if args.peak_table:
-        try:
-            text = peak_table(args.peak_table)
-        except (OSError, ValueError, KeyError) as error:
-            fail(f"--peak-table needs a result folder with runs.csv, metrics/ and env.json ({error})")
-        common.io.atomic_write_text(args.peak_table / "peak.md", text)
-        print(text)
-        return
     if args.repeats is not None and args.repeats < 1:
         parser.error("--repeats must be 1 or more")
     if args.pairs is not None and args.pairs < 1:
         parser.error("--pairs must be 1 or more")
+    return parser, args
 
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+def write_peak_table(folder: Path) -> None:
+    """--peak-table: folder/peak.md from a result folder's runs (nothing runs)."""
+    try:
+        text = peak_table(folder)
+    except (OSError, ValueError, KeyError) as error:
+        fail(f"--peak-table needs a result folder with runs.csv, metrics/ and env.json ({error})")
+    common.io.atomic_write_text(folder / "peak.md", text)
+    print(text)
+
+
+def the_matrix(parser: argparse.ArgumentParser, args: argparse.Namespace, gpus: int, bf16: bool):
+    """(profile name, its table, its runs as --only and --repeats leave them, with a self pair, the interleaved
+    rounds): the profile is the folder's own with --tables-only, else --profile (auto: gpu with CUDA, else cpu)."""
     if args.tables_only and args.profile == "auto" and args.out and (args.out / "env.json").is_file():
         with contextlib.suppress(OSError, ValueError):  # the folder's own profile, not this machine's
             args.profile = json.loads((args.out / "env.json").read_text()).get("profile") or "auto"
@@ -177,7 +186,6 @@ def main() -> None:
     added = pairs.ensure_self_pair(matrix)  # no verdict without a noise floor: a matrix without a self pair gets one
     if added:
         print(f"bench: the matrix compares rows but has no self pair: added {added!r} (the noise floor)", flush=True)
-    bf16 = common.env.cpu_info()["bf16_instructions"]
     for run in matrix:
         if run.get("without_bf16") and not bf16:  # emulated bfloat16 is several times slower: run it shorter
             run["args"] = [*run["args"], *map(str, run["without_bf16"])]
@@ -185,77 +193,86 @@ def main() -> None:
             run["note"] = (
                 run.get("note", "") + f" bf16 emulated on this CPU (no bf16 instructions): shorter ({shorter})"
             ).strip()
-    out = args.out or REPO / "results" / "local" / profile
-    problem = common.output_problem(out, is_folder=True)  # before any run: a folder it can write
-    if problem:
-        fail(f"--out {out} {problem}")
-    done = finished_rows(out) if args.resume else {}
-    if args.tables_only:
-        try:
-            runs, env = pd.read_csv(out / "runs.csv", dtype={"config": str}), json.loads((out / "env.json").read_text())
-        except (OSError, ValueError) as error:
-            fail(f"--tables-only needs {out}/runs.csv and env.json from an earlier run ({error})")
-        write_tables(out, runs, matrix, env, env.get("profile", profile))
-        return
+    return profile, table, matrix, rounds
 
-    env = {
+
+def tables_again(out: Path, matrix: list[dict], profile: str) -> None:
+    """--tables-only: the tables, plots and pages of `out` from its runs.csv and env.json (nothing runs)."""
+    try:
+        runs, env = pd.read_csv(out / "runs.csv", dtype={"config": str}), json.loads((out / "env.json").read_text())
+    except (OSError, ValueError) as error:
+        fail(f"--tables-only needs {out}/runs.csv and env.json from an earlier run ({error})")
+    write_tables(out, runs, matrix, env, env.get("profile", profile))
+
+
+def bench_environment(args: argparse.Namespace, profile: str, gpus: int, table: dict) -> dict:
+    """env.json: the machine and software (common.env), the profile and matrix, the start time, the command line and
+    the device's measured matmul peak per dtype (once per bench run, before the matrix: what the of-peak columns
+    divide by)."""
+    matrix = args.matrix.resolve()
+    return {
         **common.env.environment(),
         "profile": profile,
-        "matrix": str(args.matrix.resolve().relative_to(REPO))
-        if args.matrix.resolve().is_relative_to(REPO)
-        else str(args.matrix),
+        "matrix": str(matrix.relative_to(REPO)) if matrix.is_relative_to(REPO) else str(args.matrix),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "command": sys.argv,
-        # once per bench run, before the matrix: what the of-peak columns divide by
         "gemm_peak_tflops": gemm_peak_in_a_child(args.python, gpus, float(table.get("gemm_seconds", 1.0))),
     }
-    print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
-    common.io.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
-    skipped = {run["name"]: reason for run in matrix if (reason := skip_reason(run, gpus, bf16))}
-    jobs, plan = pairs.plan(matrix, rounds, set(skipped))
-    write_csv(pairs.plan_table(plan), out / "pairs.csv")  # which runs pair up: the tables read it back
-    by_name, seen, rows = {run["name"]: run for run in matrix}, {}, []
-    rows += [{"config": name, "repeat": 1, "status": "skipped", "reason": reason} for name, reason in skipped.items()]
-    print(
-        f"bench: profile {profile}, {len(matrix)} configurations, {len(jobs)} runs ({len(plan)} pairs in {rounds} "
-        f"interleaved rounds) -> {out}",
-        flush=True,
-    )
-    with Stop() as stop:  # from here on, Ctrl-C and SIGTERM stop the matrix at a safe point, never mid-write
-        for job in (bar := tqdm(jobs, unit="run", dynamic_ncols=True)):
-            if stop.signal is not None:
+
+
+class Matrix:
+    """The runs of one bench run and their rows: `run_all` runs the interleaved plan (or takes a finished run from
+    --resume), `rerun_disturbed` the disturbed pairs again; runs.csv and pairs.csv are rewritten after every run."""
+
+    def __init__(self, args, matrix: list[dict], rounds: int, skipped: dict, out: Path, gpus: int, stop):
+        self.args, self.out, self.gpus, self.stop, self.rounds = args, out, gpus, stop, rounds
+        self.jobs, self.plan = pairs.plan(matrix, rounds, set(skipped))
+        write_csv(pairs.plan_table(self.plan), out / "pairs.csv")  # which runs pair up: the tables read it back
+        self.by_name, self.seen = {run["name"]: run for run in matrix}, {}
+        self.rows = [{"config": name, "repeat": 1, "status": "skipped", "reason": why} for name, why in skipped.items()]
+        self.done = finished_rows(out) if args.resume else {}
+
+    def _run(self, name: str) -> tuple[dict, int]:
+        run, k = self.by_name[name], self.seen.get(name, 0) + 1  # k: this row's k-th run
+        self.seen[name] = k
+        return run, k
+
+    def _keep(self, row: dict) -> None:
+        self.rows.append(row)
+        write_csv(pd.DataFrame(self.rows), self.out / "runs.csv")  # after every run: an interruption keeps the rest
+
+    def run_all(self, bar) -> None:
+        for job in bar:
+            if self.stop.signal is not None:
                 break
-            run, k = by_name[job.config], seen.get(job.config, 0) + 1  # k: this row's k-th run
-            seen[job.config] = k
+            run, k = self._run(job.config)
             bar.set_description(f"{run['name']} r{k}")
-            previous = done.get((run["name"], k))
-            if previous and previous.get("command") == " ".join(
-                command(run, run_paths(run, k, out)[1], args.python, gpus)
-            ):
+            previous = self.done.get((run["name"], k))
+            same = " ".join(command(run, run_paths(run, k, self.out)[1], self.args.python, self.gpus))
+            if previous and previous.get("command") == same:
                 row = previous  # --resume: this run already finished with the same command
             else:
-                row = execute(run, k, out, args.python, gpus, stop)
+                row = execute(run, k, self.out, self.args.python, self.gpus, self.stop)
             row.update(job=job.index, round=job.round)
-            rows.append(row)
-            write_csv(pd.DataFrame(rows), out / "runs.csv")  # after every run: an interruption keeps what finished
+            self._keep(row)
             bar.write(
                 f"{row['config']} r{k}: {row['status']}"
                 + (" (already there, --resume)" if row is previous else "")
                 + (f", {row['images_per_s']:.1f} images/s" if pd.notna(row.get("images_per_s") or None) else "")
                 + (f" ({row['reason']})" if isinstance(row.get("reason"), str) and row["reason"] else "")
             )
-        # Re-runs: a pair that one of its runs' scatter or its distance from its siblings marks as disturbed
-        # (pairs.assess) is run again, next to each other, up to `reruns` times per comparison (the profile's,
-        # default 2); a comparison still short of undisturbed pairs reads "disturbed".
-        done_reruns: dict = {}
-        extra_round = rounds
-        most = int(table.get("reruns", 2))
-        while stop.signal is None and most > 0:
-            due = pairs.reruns_due(pd.DataFrame(rows), plan, rounds, done_reruns, most)
+
+    def rerun_disturbed(self, bar, most: int) -> None:
+        """A pair that one of its runs' scatter or its distance from its siblings marks as disturbed (pairs.assess) is
+        run again, its two runs next to each other, up to `most` times per comparison (the profile's `reruns`); a
+        comparison still short of undisturbed pairs reads "disturbed"."""
+        done_reruns, extra_round = {}, self.rounds
+        while self.stop.signal is None and most > 0:
+            due = pairs.reruns_due(pd.DataFrame(self.rows), self.plan, self.rounds, done_reruns, most)
             if not due:
                 break
             for comparison, why in due:
-                if stop.signal is not None:
+                if self.stop.signal is not None:
                     break
                 done_reruns[comparison] = done_reruns.get(comparison, 0) + 1
                 bar.write(f"bench: re-running {comparison.row} against {comparison.reference}: {why}")
@@ -264,34 +281,60 @@ def main() -> None:
                     order.reverse()  # alternate which of the two runs first
                 indices = {}
                 for name in order:
-                    run, k = by_name[name], seen.get(name, 0) + 1
-                    seen[name] = k
-                    row = execute(run, k, out, args.python, gpus, stop)
-                    indices[name] = len(jobs)
-                    row.update(job=len(jobs), round=extra_round)
-                    jobs.append(pairs.Job(name, extra_round, len(jobs)))
-                    rows.append(row)
-                    write_csv(pd.DataFrame(rows), out / "runs.csv")
+                    run, k = self._run(name)
+                    row = execute(run, k, self.out, self.args.python, self.gpus, self.stop)
+                    indices[name] = len(self.jobs)
+                    row.update(job=len(self.jobs), round=extra_round)
+                    self.jobs.append(pairs.Job(name, extra_round, len(self.jobs)))
+                    self._keep(row)
                     bar.write(f"{row['config']} r{k} (re-run): {row['status']}")
-                plan.append((comparison, extra_round, indices[comparison.row], indices[comparison.reference]))
-                write_csv(pairs.plan_table(plan), out / "pairs.csv")
+                self.plan.append((comparison, extra_round, indices[comparison.row], indices[comparison.reference]))
+                write_csv(pairs.plan_table(self.plan), self.out / "pairs.csv")
             extra_round += 1
+
+
+def main() -> None:
+    parser, args = parse_args()
+    if args.peak_table:
+        return write_peak_table(args.peak_table)
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    bf16 = common.env.cpu_info()["bf16_instructions"]
+    profile, table, matrix, rounds = the_matrix(parser, args, gpus, bf16)
+    out = args.out or REPO / "results" / "local" / profile
+    problem = common.output_problem(out, is_folder=True)  # before any run: a folder it can write
+    if problem:
+        fail(f"--out {out} {problem}")
+    if args.tables_only:
+        return tables_again(out, matrix, profile)
+
+    env = bench_environment(args, profile, gpus, table)
+    print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
+    common.io.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
+    skipped = {run["name"]: reason for run in matrix if (reason := skip_reason(run, gpus, bf16))}
+    with Stop() as stop:  # from here on, Ctrl-C and SIGTERM stop the matrix at a safe point, never mid-write
+        runs = Matrix(args, matrix, rounds, skipped, out, gpus, stop)
+        print(
+            f"bench: profile {profile}, {len(matrix)} configurations, {len(runs.jobs)} runs ({len(runs.plan)} pairs in "
+            f"{rounds} interleaved rounds) -> {out}",
+            flush=True,
+        )
+        bar = tqdm(runs.jobs, unit="run", dynamic_ncols=True)
+        runs.run_all(bar)
+        runs.rerun_disturbed(bar, int(table.get("reruns", 2)))
         if stop.signal is not None:
             print(
                 f"bench: interrupted ({stop.name}); writing the rows that finished (add --resume to run the rest)",
                 file=sys.stderr,
                 flush=True,
             )
-        runs = pd.DataFrame(rows)
-        write_csv(runs, out / "runs.csv")
-        summary = write_tables(out, runs, matrix, env, profile)
+        write_csv(pd.DataFrame(runs.rows), out / "runs.csv")
+        summary = write_tables(out, pd.DataFrame(runs.rows), matrix, env, profile)
     if stop.signal is not None:
         raise SystemExit(128 + stop.signal)  # the shell's code for a signal: 130 for Ctrl-C, 143 for SIGTERM, 129 HUP
     failed = (summary.status != "ok") & (summary.status != "skipped")
     if failed.any():
-        print(
-            f"bench: {failed.sum()} configuration(s) did not finish: see their logs in {out / 'logs'}", file=sys.stderr
-        )
+        print(f"bench: {failed.sum()} configuration(s) did not finish: see their logs in {out / 'logs'}",
+              file=sys.stderr)  # fmt: skip
         raise SystemExit(1)
 
 

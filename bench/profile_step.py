@@ -80,5 +80,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    common.cli.install_error_hook()
+    common.errors.install_error_hook()
     main()

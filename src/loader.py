@@ -1,21 +1,18 @@
 r"""Input-pipeline baseline: JPEG files -> decode -> RandomResizedCrop -> flip -> normalise, in torch's DataLoader.
 
-loader_DALI.py is this file plus the lines it marks as new, so `diff src/loader.py src/loader_DALI.py` is the DALI
-lesson. `python bench/prepare_data.py` writes the ImageFolders it reads: data/fashion-mnist-jpeg (real, 28 px) and
-data/imagenet-synthetic (500x375 JPEGs of ~100 KB, like ImageNet's, to make decoding cost what it costs there).
 Each DataLoader worker decodes and augments whole images on a CPU core with PIL; the GPU waits if they fall behind.
---amp-dtype and --channels-last run the model as train_amp.py and train_channels_last.py do, so that the end-to-end
-rows measure the input at a compute rate where it matters. A --resume (after SIGTERM) goes on with the same files in
-the same order (each epoch's shuffle comes from seed + epoch), but draws other random crops and flips than the
-uninterrupted run would have: that random state lives in the DataLoader's worker processes, not in the checkpoint,
-so a resumed run trains the same way in distribution, not bit for bit (train.py's data has no augmentation: its resume
-is exact).
+loader_DALI.py is this file plus its marked lines, so `diff src/loader.py src/loader_DALI.py` is the DALI lesson.
+`python bench/prepare_data.py` writes the ImageFolders it reads (data/fashion-mnist-jpeg, data/imagenet-synthetic).
+--amp-dtype and --channels-last run the model as train_amp.py and train_channels_last.py do. A --resume repeats the
+epoch's files in the same order, but not its random crops and flips.
 
     python src/loader.py                                               # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --workers 8   # pipeline only
     python src/loader.py --data-dir data/imagenet-synthetic --image-size 224 --model resnet50 --batch-size 256 \
         --workers 16 --amp-dtype float16 --channels-last              # end to end on a GPU
     python src/loader.py --data-dir /datasets/imagenet --image-size 224 --model resnet50   # any ImageFolder
+
+More: docs/techniques/loader.md
 """
 
 import itertools
@@ -68,14 +65,14 @@ train_loader = DataLoader(
     num_workers=args.workers,
     pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
     persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-    worker_init_fn=common.seed_worker,
+    worker_init_fn=common.init_worker,
 )
 val_loader = DataLoader(
     val_set,
     batch_size=args.batch_size,
     num_workers=args.workers,
     pin_memory=device.type == "cuda",
-    worker_init_fn=common.seed_worker,  # also: a SIGTERM to every process of the job must not kill them mid-evaluation
+    worker_init_fn=common.init_worker,  # seeds, and a SIGTERM to every process of the job must not kill them
 )
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------

@@ -1,23 +1,10 @@
 r"""NVIDIA DALI: loader.py + its input pipeline as a DALI graph, decoding on the GPU ('mixed'), sharded by rank.
 
-The same steps as loader.py (read files, decode, RandomResizedCrop, flip, normalise) run as one DALI pipeline: a
-pool of --threads C++ threads instead of Python worker processes, and on a GPU the `mixed` decoder splits each JPEG
-between the CPU (Huffman decoding) and the GPU (nvJPEG: IDCT, colour conversion; the hardware JPEG decoder of an
-A100 / H100 where there is one), so resizing, cropping and normalising happen on the GPU and the CPU stops being the
-bottleneck. DALIGenericIterator hands the batches to PyTorch as tensors already on the device. Without a GPU, DALI
-runs in its CPU-only mode (device_id=None, `cpu` operators): the nearest honest equivalent, which this script says in
-one line. Under torchrun (RANK, WORLD_SIZE) with --loader-only, `fn.readers.file` reads shard RANK of WORLD_SIZE, so
-ranks see disjoint files; images/s and the label counts are summed over ranks and rank 0 writes the metrics.
-Shuffling: `shuffle_after_epoch=True` makes every epoch a fresh permutation of all the files, as DataLoader's
-shuffle=True does (sharded, each rank takes its part of the same permutation, so shards stay disjoint), and
-`pad_last_batch=True` ends each epoch at the end of the shard: without it the files left over after the last full
-batch start the next epoch, whose batches then mix two permutations (a file twice in one epoch). The permutations come
-from DALI's fixed seed, so they are the same in every run whatever --seed says. Pitfall:
-`random_shuffle=True` shuffles the file list once and then draws from a 1,024-file buffer moving along it, so every
-epoch keeps nearly the order of the one before (over 8,192 files, a file's positions in two consecutive epochs
-correlate at 0.85, measured with tests/test_equivalence.py's order check run against random_shuffle=True; 0.009 with
-shuffle_after_epoch): not the fresh permutation per epoch that shuffle=True gives.
-Needs `pip install nvidia-dali-cuda120`.
+The same steps as loader.py (read, decode, RandomResizedCrop, flip, normalise) as one DALI graph, run by a pool of
+--threads C++ threads instead of Python worker processes. On a GPU the `mixed` decoder splits each JPEG between the
+CPU (Huffman decoding) and the GPU (nvJPEG), so resizing, cropping and normalising run on the GPU and the batches
+arrive already on the device. Without a GPU, DALI runs its CPU-only mode (device_id=None) and says so in one line.
+Under torchrun with --loader-only each rank reads its own shard of the files. Needs `pip install nvidia-dali-cuda120`.
 
     python src/loader_DALI.py                                          # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader_DALI.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --threads 8
@@ -25,6 +12,8 @@ Needs `pip install nvidia-dali-cuda120`.
         --threads 16 --amp-dtype float16 --channels-last              # end to end on a GPU
     torchrun --nproc-per-node 2 src/loader_DALI.py --loader-only --device cpu   # 2 shards, disjoint files
     diff src/loader.py src/loader_DALI.py                              # only the lines marked `# new #`
+
+More: docs/techniques/loader_DALI.md
 """
 
 import itertools

@@ -1,8 +1,9 @@
-"""Baseline: train one model on one device in fp32, fed by torch's DataLoader.
+r"""Baseline: train one model on one device in fp32, fed by torch's DataLoader.
 
 Every other train_*.py starts from this file, directly or through a chain of variants, and marks each line it adds
-(docs/markers.md): `diff src/train.py src/train_amp.py` is one technique, `diff src/train_amp.py
-src/train_channels_last.py` the next one (each variant names its base in its docstring's first line).
+(docs/markers.md), so `diff src/train.py src/train_amp.py` shows one technique and nothing else.
+SIGTERM (a preempted job) stops the run at the next step boundary; with --checkpoint-dir it saves last.pt there and
+exits 143, and the same line + --resume goes on from that step.
 
     python src/train.py                                      # small CNN on Fashion-MNIST, 2 epochs, GPU if present
     python src/train.py --device cpu --subset 4096 --epochs 1   # a quick look on a laptop
@@ -11,10 +12,10 @@ src/train_channels_last.py` the next one (each variant names its base in its doc
     python src/train.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # compute ceiling
     python src/train.py --checkpoint-dir ckpt            # Ctrl-C or SIGTERM it, then the same line + --resume goes on
     python src/train.py --checkpoint-dir ckpt --resume   # (another --epochs, --max-steps or --lr is refused)
-    timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt2; python src/train.py --checkpoint-dir ckpt2 --resume
+    timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt2; \
+        python src/train.py --checkpoint-dir ckpt2 --resume
 
-SIGTERM (a preempted job: Slurm, Kubernetes, `timeout`) stops the run at the next step boundary: with --checkpoint-dir it
-saves last.pt there, writes the metrics of what finished, says so in one line and exits 143; --resume continues from that step.
+More: docs/techniques/train.md
 """
 
 import itertools
@@ -44,7 +45,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

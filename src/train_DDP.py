@@ -1,13 +1,10 @@
 r"""DistributedDataParallel: train.py + one process per device, launched by torchrun, gradients all-reduced.
 
-torchrun starts one process per GPU (or N processes on a CPU) and gives each its LOCAL_RANK, RANK and WORLD_SIZE;
-`--nproc-per-node auto` counts the GPUs, or the CPU cores where there is none (`gpu` fails without CUDA).
-Every process holds the whole model and trains on its own 1/WORLD_SIZE of the data (DistributedSampler); during
-backward, DDP all-reduces gradient buckets as they become ready, overlapping communication with computation, so all
-replicas take the same step. --batch-size is per process: the global batch is batch x world size. Only rank 0
-prints, writes metrics and checkpoints; the test accuracy is computed on disjoint shards and summed over ranks.
-On CPU the backend is gloo and each process gets cores / processes threads; on CUDA it is nccl. Surviving a killed
-worker (mid-epoch checkpoints, torchrun --max-restarts) is the next lesson: train_DDP_elastic.py.
+torchrun starts one process per GPU (or N processes on a CPU) and gives each its LOCAL_RANK, RANK and WORLD_SIZE; each
+holds the whole model and trains on its own 1/WORLD_SIZE of the data (DistributedSampler). During backward, DDP
+all-reduces gradient buckets as they become ready, overlapping communication with computation, so all replicas take
+the same step. --batch-size is per process (global batch: batch x world size); only rank 0 prints and writes.
+gloo on CPU, nccl on CUDA; `--nproc-per-node auto` counts the GPUs, or the CPU cores where there is none.
 
     torchrun --nproc-per-node 2 src/train_DDP.py --device cpu --workers 1          # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node auto src/train_DDP.py                         # one per GPU; per CPU core without one
@@ -19,6 +16,8 @@ worker (mid-epoch checkpoints, torchrun --max-restarts) is the next lesson: trai
     #   srun torchrun --nnodes $SLURM_NNODES --nproc-per-node auto --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
     #       --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 src/train_DDP.py
     diff src/train.py src/train_DDP.py                                             # only the lines marked `# new #`
+
+More: docs/techniques/train_DDP.md
 """
 
 import itertools
@@ -43,7 +42,8 @@ parser.add_argument(  # new #
 args = common.parse_args(parser)
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 if "LOCAL_RANK" not in os.environ:
-    common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_DDP.py --device cpu` (no RANK set)")
+    script = os.path.basename(__file__)
+    common.die(f"launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/{script} --device cpu` (no RANK set)")
 local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
 # new # end
@@ -81,7 +81,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

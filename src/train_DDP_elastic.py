@@ -1,24 +1,10 @@
 r"""Fault-tolerant DDP: train_DDP.py + mid-epoch checkpoints and a resume that skips done batches at the sampler.
 
-A worker that dies (a preempted node, an OOM kill, a hardware fault) fails the whole group: the other ranks stop in
-their next collective. torchrun's docs call the cure a *fault-tolerant* launch: `torchrun --max-restarts K` stops the
-survivors and starts the group again, with the same world size, up to K times (its elastic agent,
-torch.distributed.elastic, does the restarting; the file is named after it). This script makes that restart continue
-where it stopped instead of from step 0: rank 0 saves last.pt every --checkpoint-every steps and at each epoch end
-(atomically), with the finished epochs, the global step, the per-epoch records and every rank's loss summed so far in
-the epoch; with --resume every rank loads it, the one-cycle schedule continues at that step, sampler.set_epoch gives the
-epoch's shuffle again, and the sampler starts after the samples the epoch already trained on (indices skipped: no
-batch is loaded twice), so the restarted job sees the same data in the same order and, with --deterministic, ends
-with the uninterrupted run's weights bit for bit (tests/test_equivalence.py restarts it at each kind of step
-boundary: mid-epoch, an epoch's last step, an epoch's end, the run's end). At most --checkpoint-every steps are
-repeated; a finished run resumed again says so and exits 0. What it does not do: an *elastic* membership change
-(`--nnodes MIN:MAX`, a group that shrinks or grows) changes the world size, and with it every epoch's shards and
-steps, so --resume refuses a checkpoint from another world size in one line (exit 2).
-torchdata's StatefulDataLoader does the same mid-epoch bookkeeping for any sampler; the sampler below shows what it is.
-Synthetic data has no sampler to skip with: there the loop stops after the epoch's remaining steps (itertools.islice).
-TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: torchrun's agent shares one TCP store with its workers and keeps it across
-restarts, so a restarted group can read the dead group's addresses and fail to connect (gloo `connectFullMesh ...
-Connection refused`, pytorch/pytorch#135712); with the variable each attempt gets a fresh store.
+A dead worker fails the whole group, and `torchrun --max-restarts K` starts the group again, up to K times; this
+script makes the restart go on where it stopped: rank 0 saves last.pt every --checkpoint-every steps and at each epoch
+end, and with --resume every rank loads it and the sampler skips what the epoch already trained on, so the job sees
+the same data in the same order. A checkpoint from another world size is refused (exit 2). Launch with
+TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or a restarted group may fail to connect (pytorch/pytorch#135712).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node auto --max-restarts 3 src/train_DDP_elastic.py \
         --checkpoint-dir ckpt --checkpoint-every 200 --resume
@@ -26,14 +12,14 @@ Connection refused`, pytorch/pytorch#135712); with the variable each attempt get
         --device cpu --workers 1 --checkpoint-dir ckpt --checkpoint-every 50 --resume
     diff src/train_DDP.py src/train_DDP_elastic.py                  # only the lines marked `# new #`
 
-A preemption (every script, from train.py): SIGTERM stops the run at the next step boundary, every rank at the same
-step; rank 0 saves last.pt there, says so in one line and the ranks exit 143 (torchrun, signalled too, prints its own
-traceback and exits 1). Slurm sends SIGTERM 120 s before a job's time is up, and requeues a preempted job, with:
+Preemption (every script): SIGTERM stops every rank at one step, rank 0 saves last.pt, exit 143. Slurm:
     #SBATCH --signal=TERM@120
     #SBATCH --requeue
     srun torchrun --nnodes $SLURM_NNODES --nproc-per-node auto --rdzv-backend c10d --rdzv-id $SLURM_JOB_ID \
         --rdzv-endpoint $(scontrol show hostnames $SLURM_JOB_NODELIST | head -n 1):29500 --max-restarts 3 \
         src/train_DDP_elastic.py --checkpoint-dir ck --checkpoint-every 200 --resume
+
+More: docs/techniques/train_DDP_elastic.md
 """
 
 import itertools
@@ -76,7 +62,8 @@ parser.add_argument(  # new #
 args = common.parse_args(parser)
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 if "LOCAL_RANK" not in os.environ:
-    common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_DDP.py --device cpu` (no RANK set)")
+    script = os.path.basename(__file__)
+    common.die(f"launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/{script} --device cpu` (no RANK set)")
 local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
 # new # end
@@ -114,7 +101,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

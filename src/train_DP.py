@@ -1,22 +1,17 @@
 """DataParallel: train.py + nn.DataParallel, one process driving every visible GPU.
 
-Each step, DataParallel copies the model from GPU 0 to the other GPUs, splits the batch along dimension 0 (so
---batch-size is the global batch, batch / GPUs per GPU), runs the replicas in threads of this one process, gathers
-the outputs back on GPU 0 and computes the loss there; backward sums the gradients onto GPU 0's weights. So GPU 0
-holds more memory than the others (all outputs, the loss, the reduced gradients, the optimizer state) and does more
-work, the copies repeat every step, and one Python process (one GIL) drives every GPU: it scales poorly past a few
-GPUs. DistributedDataParallel (train_DDP.py: one process per GPU, gradients all-reduced while backward runs) is
-faster even on one machine, and is what PyTorch recommends. BatchNorm pitfall: each replica normalises its own chunk
-of the batch (statistics over batch / GPUs images, not the batch), and the running statistics that evaluation uses
-are updated on GPU 0's replica only, from GPU 0's chunk (the other replicas' updates are discarded with them): a model
-with BatchNorm trains on other statistics than train.py's on the same batch (SyncBatchNorm is DDP's cure, not
-DataParallel's). With fewer than 2 GPUs DataParallel only calls the model: this script says so and runs, which
-measures the wrapper's cost (and is train.py bit for bit: the CPU test of tests/test_equivalence.py proves only that).
+Each step DataParallel copies the model from GPU 0 to the other GPUs, splits the batch along dimension 0 (so
+--batch-size is the global batch), runs the replicas in threads of this one process and gathers the outputs and the
+gradients back on GPU 0. It is one line, but GPU 0 does more work and holds more memory, and one Python process drives
+every GPU: DistributedDataParallel (train_DDP.py) is faster even on one machine. With fewer than 2 GPUs DataParallel
+only calls the model: this script says so and runs as train.py does.
 
     python src/train_DP.py                                    # every visible GPU
     CUDA_VISIBLE_DEVICES=0,1 python src/train_DP.py --batch-size 256
     python src/train_DP.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     diff src/train.py src/train_DP.py                         # only the lines marked `# new #`
+
+More: docs/techniques/train_DP.md
 """
 
 import itertools
@@ -46,7 +41,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

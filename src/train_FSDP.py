@@ -1,36 +1,21 @@
 """FSDP2: train_DDP.py + every block's parameters, gradients and optimizer state sharded over the ranks.
 
-DDP keeps a whole replica on every rank: weights, gradients and AdamW's two moments, 16 bytes a parameter in float32,
-on each of them. Fully sharded data parallelism (FSDP2, `torch.distributed.fsdp.fully_shard`) keeps 1/world_size of
-each: `fully_shard(block)` turns the block's parameters into DTensors sharded over a device mesh, and the block is
-then gathered just in time: an all-gather of its parameters before its forward (freed after it), another before its
-backward, and a reduce-scatter of its gradients after it, so each rank keeps only its shard of the averaged gradient
-and steps only its shard of the optimizer state. Sharding every block and then the root (what no block holds: the
-stem or patch embedding, the head) lets the next block's all-gather overlap this block's compute (on GPUs, where the
-collectives run on their own streams). It trains what DDP trains (tests/test_equivalence.py); what it costs is
-communication: two all-gathers and a reduce-scatter of the parameters per step against DDP's one all-reduce of the
-gradients (a reduce-scatter and an all-gather), about 1.5 x DDP's volume in float32. It pays when a model with its
-gradients and optimizer state does not fit one device, or leaves no room for a useful batch; for a model that fits,
-DDP is as fast or faster. --param-dtype bfloat16 sets a MixedPrecisionPolicy: every unit is all-gathered and computes
-in bfloat16 (its inputs cast to it: not autocast, so norms and softmax run in bfloat16 too), the root's output is
-cast back to float32 for the loss, and the sharded weights, the optimizer and the gradient reduction stay float32;
-it halves the all-gathers. BatchNorm's float32 running statistics do not mix with bfloat16 parameters, so the script
-refuses that combination for the CNN and the ResNets. (float16 would need a GradScaler for its narrow range,
-train_amp.py's lesson: left out to keep this diff one technique.) The small CNN and the MLP have no blocks: their one
-unit is the whole model. FSDP never broadcasts buffers (DDP does, before each forward): each rank's BatchNorm
-statistics follow its own batches, and rank 0's, which the checkpoint holds, are what DDP's rank 0 would hold.
-Checkpoints are sharded: every rank writes its own shards through torch.distributed.checkpoint (DCP:
---checkpoint-dir/sharded-step<N>) and --resume reads them back (with the same world size: the sampler's batches
-depend on it, though DCP itself could reshard); rank 0 also gathers the full model into last.pt, whose "model" loads
-into the model train.py builds (`load_state_dict`; train.py --resume refuses another script's checkpoint). The
-metrics carry params (the whole model) and params_per_rank (what one rank holds).
+DDP keeps a whole replica on every rank: weights, gradients and AdamW's two moments. FSDP2 (`fully_shard`) keeps
+1/world_size of each: every block's parameters become DTensors sharded over a device mesh, all-gathered just before the
+block's forward and backward and freed after them, and its gradients reduce-scattered, so each rank steps only its
+shard of the optimizer state. It trains what DDP trains, for about 1.5 x DDP's communication: it pays when a model
+with its gradients and optimizer state does not fit one device. --param-dtype bfloat16 gathers and computes in
+bfloat16 (a MixedPrecisionPolicy). Checkpoints are sharded (torch.distributed.checkpoint, every rank writes its own);
+rank 0 also writes last.pt with the whole model, which train.py's model loads.
 
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --workers 1     # 2 processes on a CPU (gloo)
-    torchrun --nproc-per-node auto src/train_FSDP.py --model vit --param-dtype bfloat16     # one per GPU (nccl), per core without
+    torchrun --nproc-per-node auto src/train_FSDP.py --model vit --param-dtype bfloat16     # one per GPU, else per core
     torchrun --nproc-per-node auto src/train_FSDP.py --model vit --dataset synthetic --batch-size 64 --max-steps 100
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck     # Ctrl-C it, then
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --resume
-    diff src/train_DDP.py src/train_FSDP.py                                              # only the lines marked `# new #`
+    diff src/train_DDP.py src/train_FSDP.py                                            # only the lines marked `# new #`
+
+More: docs/techniques/train_FSDP.md
 """
 
 import itertools
@@ -42,12 +27,7 @@ import torch.distributed as dist  # new #
 import torch.distributed.checkpoint as dcp  # new #
 import torch.nn as nn
 import torchvision  # new #
-from torch.distributed.checkpoint.state_dict import (  # new # sharded and full state dicts of model and optimizer
-    StateDictOptions,
-    get_model_state_dict,
-    get_state_dict,
-    set_state_dict,
-)
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict  # new # sharded state dicts
 from torch.distributed.device_mesh import init_device_mesh  # new #
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # new #
 from torch.utils.data import DataLoader
@@ -73,9 +53,8 @@ if args.param_dtype == "bfloat16" and args.model not in ("vit", "mlp"):  # new #
     parser.error(f"--param-dtype bfloat16 needs a model without BatchNorm (vit, mlp), not {args.model}")  # new #
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 if "LOCAL_RANK" not in os.environ:
-    common.die(
-        "launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu` (no RANK set)"
-    )  # new #
+    script = os.path.basename(__file__)
+    common.die(f"launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/{script} --device cpu` (no RANK set)")
 local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
 # new # end
@@ -114,7 +93,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 # new # begin: every rank must run as many test batches (FSDP's forward all-gathers): else one line, not a hang
@@ -187,12 +166,11 @@ def save_sharded(epochs_done: int) -> None:
     saved_step, folder = step, f"sharded-step{step}"
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, keyed like train.py's
     dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / folder)
-    full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    if master:  # full: all-gathered onto rank 0's host memory (empty on the other ranks)
-        if common.save_checkpoint(checkpoint, args, full, None, epochs_done, step, sharded=folder):  # the new one...
-            for old in args.checkpoint_dir.glob("sharded-step*"):  # ... then the old ones go
-                if old.name != folder:
-                    shutil.rmtree(old, ignore_errors=True)
+    # last.pt: the whole model, gathered onto rank 0, which train.py loads, and the name of the shards' folder
+    if common.distributed.save_full_state(checkpoint, args, model, None, epochs_done, step, sharded=folder):
+        for old in args.checkpoint_dir.glob("sharded-step*"):  # the new one is named in last.pt: the old ones go
+            if old.name != folder:
+                shutil.rmtree(old, ignore_errors=True)
 
 
 # new # end

@@ -1,42 +1,27 @@
-"""Tensor parallelism (TP): train.py + every ViT block's Linears split over the ranks by heads and MLP columns.
+"""Tensor parallelism: train.py + every transformer block's Linears split over the ranks (DTensor, parallelize_module).
 
-Data parallelism copies the model and splits the batch; tensor parallelism (Megatron-LM, Shoeybi et al. 2019) splits
-each layer's weights and gives every rank the same batch. `parallelize_module` turns a block's Linears into DTensors
-on a one-dimensional device mesh ("tp"): q, k, v and the MLP's first Linear are split by output features
-(ColwiseParallel: each rank computes heads / tp whole heads and mlp / tp hidden units, no communication), the
-attention's output projection and the MLP's second Linear by input features (RowwiseParallel: each rank's partial
-sum, then one all-reduce), so a block costs two all-reduces of its (N, T, width) activations forward and four
-backward (one per column-parallel Linear's input gradient: q, k, v and fc1; Megatron fuses q, k and v into one).
-Each rank holds about 1/tp of every block's weights, gradients and AdamW moments, and keeps 1/tp of what the split
-Linears compute (their outputs; the LayerNorm outputs they read are whole on every rank); the patch embedding, the LayerNorms and the head stay whole on every rank
-and compute the same thing there. It trains what train.py trains: the same images in the same order at the same
-batch, on every rank (tests/test_equivalence.py). Why the base is train.py and not train_DDP.py: TP is a split of the
-model, not of the data; combined with data parallelism it is the second dimension of a 2-D mesh (torchtitan's FSDP x
-TP), left out here to keep this diff one technique. Why the ViT only: `parallelize_module` needs separate q, k, v and
-out Linears (the project's own ViT, src/common/vit.py; torchvision's packs them in one `in_proj_weight`); a CNN's
-convolutions are not split here. Not here yet: sequence parallelism (SequenceParallel, Korthikanti et al. 2022:
-the LayerNorms and the residual stream split by tokens, the all-reduces turned into a reduce-scatter and an
-all-gather); the ViT has 1 + (S / patch)^2 tokens, an odd number, and DTensor's uneven shards of them failed in
-gloo's all-gather (a size mismatch) on torch 2.15. Clipping adds the shards' squared norms
-over the ranks (DTensor does it when the norm is asked for its full value). Every rank gathers the full model and
-optimizer state (`get_state_dict(..., full_state_dict=True)`), rank 0 writes them into last.pt, which train.py's model loads; --resume reads the full
-model and optimizer state and shards them again. The metrics carry params (the whole model), params_per_rank and
-activation_mib (this rank's). Needs torch >= 2.15 (tested on it: DTensor on a CPU mesh with gloo).
+Data parallelism copies the model and splits the batch; tensor parallelism (Megatron-LM) splits each layer's weights
+and gives every rank the same batch. q, k, v and the MLP's first Linear are split by output features
+(ColwiseParallel: each rank runs heads / tp whole heads), the attention's output and the MLP's second Linear by input
+features (RowwiseParallel: partial sums, then one all-reduce). Each rank holds about 1/tp of every block's weights,
+gradients and AdamW state; the price is two all-reduces of each block's activations forward and more backward, on
+the critical path. It trains what train.py trains. The ViT and the GPT (separate q, k, v Linears); last.pt holds the
+whole model, which train.py's model loads. Its base is train.py: TP splits the model, not the data.
 
     torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit          # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node auto src/train_TP.py --model vit --dataset synthetic --image-size 224 --max-steps 50
     torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit --checkpoint-dir ck     # Ctrl-C it, then
     torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit --checkpoint-dir ck --resume
     diff src/train.py src/train_TP.py                                                  # only the lines marked `# new #`
+
+More: docs/techniques/train_TP.md
 """
 
 import itertools
-import os  # new #
 
 import torch
 import torch.distributed as dist  # new #
 import torch.nn as nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict  # new #
 from torch.distributed.device_mesh import init_device_mesh  # new #
 from torch.distributed.tensor import DTensor  # new #
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # new #
@@ -49,23 +34,12 @@ args = common.parse_args(parser)
 common.env.require_torch("2.15", "train_TP.py (DTensor on a CPU mesh with gloo)")  # new #
 if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
     parser.error(f"train_TP.py splits attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
-# new # begin: torchrun sets these; every rank runs the same script on the same batch
-if "LOCAL_RANK" not in os.environ:
-    common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit`")
-local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
-# new # end
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: one device per process, then the process group and the one-dimensional "tp" mesh over it
-if device.type == "cuda":
-    if local_rank >= torch.cuda.device_count():
-        common.die(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node")
-    device = torch.device("cuda", local_rank)
-    torch.cuda.set_device(device)  # before the process group, so NCCL binds this GPU and not GPU 0
-else:
-    torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # share the cores
-dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # before the mesh, which uses this group
+# new # begin: one process per device under torchrun (train_DDP.py's set-up), then the one-dimensional "tp" mesh
+launch = "torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit"
+device, rank, world_size = common.distributed.setup(device, launch)  # every rank runs the same script and batch
+master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
 mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
 # new # end
 
@@ -83,7 +57,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 
@@ -118,36 +92,14 @@ if args.max_steps:
 start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    # new # begin: last.pt holds the full model and optimizer state; every rank reads it and keeps its shards
-    state = common.load_checkpoint(checkpoint, args, None, None, "cpu")  # checks only: the shards are loaded below
-    # a schedule gives the param groups the keys (initial_lr, max_lr...) the saved ones have, as on a fresh start
-    torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps)
-    full = StateDictOptions(full_state_dict=True)  # whole tensors in, each rank's shard of them kept
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["full_optimizer"],
-                   options=full)  # fmt: skip
-    # new # end
+    state = common.load_checkpoint(checkpoint, args, None, None, "cpu")  # new # checks only: shards loaded next
+    common.distributed.load_full_state(state, model, optimizer, args.lr, total_steps)  # new # whole in, shards kept
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
-
-
-def save_full(epochs_done: int) -> None:  # new # every rank gathers (a collective), rank 0 writes
-    options = StateDictOptions(full_state_dict=True, cpu_offload=True)  # new # whole tensors on rank 0's host
-    model_state, optimizer_state = get_state_dict(model, optimizer, options=options)  # new #
-    if master:  # new # the model as train.py saves it; the optimizer's state by parameter name
-        common.save_checkpoint(  # new #
-            checkpoint,
-            args,
-            model_state,
-            None,
-            epochs_done,
-            step,
-            full_optimizer=optimizer_state,  # new #
-        )  # new #
-
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
@@ -193,7 +145,7 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
-            save_full(epoch)  # new # `epoch` epochs finished
+            common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch, step)  # new # a collective
         break
 
     # new # every rank evaluates: the model's forward is collective
@@ -204,14 +156,12 @@ for epoch in range(start_epoch, args.epochs):
     if master:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        save_full(epoch + 1)  # new # a collective: every rank gathers, rank 0 writes
+        common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch + 1, step)  # new # rank 0 writes
     if step == total_steps:
         break
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
-summary = common.gather_summary(meter.summary())  # new # peak memory the max over ranks, activations this rank's
-rates = summary["images_per_s_per_rank"]  # new # every rank trained the same images: the slowest is the model's
-summary["images_per_s"] = min(rates) if None not in rates else None  # new # not their sum
+summary = common.gather_summary(meter.summary(), same_images=True)  # new # the slowest rank's images/s
 if master:  # new #
     common.report(
         args,

@@ -1,25 +1,16 @@
 """Gradient accumulation: train_DDP.py + K micro-batches per optimizer step, DDP's all-reduce once per step (no_sync).
 
-When the batch you want does not fit in memory, run it as K micro-batches of --batch-size: each backward adds its
-gradients into .grad, the loss is divided by K so that the sum is the mean over the whole batch, and the optimizer steps
-(and clears .grad) once every K micro-batches. The effective global batch is batch x K x world size. When an epoch's
-micro-batches are not a multiple of K, its last len % K are dropped, as drop_last drops a partial batch: a step never
-applies more or fewer than K, and gradients never leak into the next epoch's first step (the choice that keeps every
-step the same size; stepping on the incomplete group with its loss divided by its own size would be the other honest
-one). So --batch-size 32 --accum-steps 4 trains what train_DDP.py --batch-size 128 trains, sample for sample
-(tests/test_equivalence.py), and the progress line prints the loss of one micro-batch, like train_DDP.py's. Under DDP
-every backward would all-reduce the gradients; `model.no_sync()` around forward *and* backward of the first K-1
-micro-batches skips that, so the ranks communicate once per optimizer step. A comm hook counts the all-reduces (one per
-gradient bucket per synchronised backward): the metrics report them per optimizer step, and
---all-reduce-every-micro-batch shows what no_sync saves. The learning-rate schedule steps per optimizer step. Pitfalls:
-BatchNorm still sees micro-batches (its statistics are per micro-batch, so K x 32 is not exactly one batch of K x 32 x
-world size for a model with BatchNorm, as in train_DDP.py without --sync-bn; it is for one without, e.g. --model mlp); `optimizer.zero_grad` before every
-backward would throw the accumulated gradients away; no_sync around the backward only (the forward outside it) still
-all-reduces, as DDP reads the flag in the forward.
+When the batch you want does not fit, run it as K micro-batches of --batch-size: each backward adds its gradients
+into .grad, the loss is divided by K, and the optimizer steps once every K (global batch: batch x K x world size).
+An epoch's last len % K micro-batches are dropped, as drop_last drops a partial batch. DDP would all-reduce after
+every backward; `model.no_sync()` around forward and backward of the first K-1 micro-batches makes the ranks
+communicate once per optimizer step (--all-reduce-every-micro-batch shows what that saves).
 
     torchrun --nproc-per-node 2 src/train_accum.py --device cpu --workers 1 --batch-size 32 --accum-steps 4
     torchrun --nproc-per-node auto src/train_accum.py --model resnet18 --batch-size 64 --accum-steps 4 --lr 2e-3
     diff src/train_DDP.py src/train_accum.py                        # only the lines marked `# new #`
+
+More: docs/techniques/train_accum.md
 """
 
 import contextlib  # new #
@@ -52,7 +43,8 @@ parser.add_argument(  # new #
 args = common.parse_args(parser)
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 if "LOCAL_RANK" not in os.environ:
-    common.die("launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/train_DDP.py --device cpu` (no RANK set)")
+    script = os.path.basename(__file__)
+    common.die(f"launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/{script} --device cpu` (no RANK set)")
 local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
 # new # end
@@ -90,7 +82,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

@@ -1,34 +1,18 @@
 """Activation checkpointing: train.py + torch.utils.checkpoint around each block, activations recomputed in backward.
 
-Backward needs what forward computed: autograd keeps every block's intermediate tensors (attention scores, MLP
-hidden states, batch-norm inputs) until the block's backward has used them, so at the end of the forward all of them
-are alive at once, and for a transformer they, not the weights, fill the memory. `checkpoint(block, x,
-use_reentrant=False)` keeps only the block's input and, in backward, runs the block's forward again to rebuild its
-tensors just before they are needed: activation memory falls from the sum over blocks to the blocks' inputs plus one
-block's tensors, for one extra forward of each checkpointed block (about a third more compute). That buys a larger
-batch, a longer sequence or a larger model on the same device; it is not a speed-up, and at a batch that fitted
-anyway it only costs time. The weights, the gradients and the updates are those of train.py: bit for bit with
---deterministic on a CPU (tests/test_equivalence.py; on a GPU, nondeterministic kernels differ between any two runs).
---recompute-every N checkpoints every N-th block (ViT encoder blocks, ResNet residual blocks): fewer recomputes, less
-memory saved. The metrics' activation_mib (what autograd kept for backward, measured with
-saved_tensors_hooks on a real step) and images/s, against train.py's at the same batch, are the trade.
-Pitfalls, and the line that avoids each:
-- Reentrant checkpointing (`use_reentrant=True`, the old default) runs a nested backward per block: under DDP with
-  find_unused_parameters=True, or a block checkpointed twice, it fails with "Expected to mark a variable ready only
-  once"; and when no input of a block requires grad (the first block, fed the images), its parameters get no gradient
-  (torch only warns). Avoided by `use_reentrant=False` in the `checkpoint` call.
-- Dropout draws other random numbers on the recompute unless the RNG state is restored: `checkpoint` does that by
-  default (preserve_rng_state=True); keep it so. (This ViT has no dropout, the ResNets none either.)
-- BatchNorm updates its running statistics on every forward, so a recompute would update them twice (the ResNets):
-  `context_fn` puts its buffers back after the recompute (`buffers_restored`).
-- What not to checkpoint: the last block (its backward starts as soon as the forward ends, so recomputing it saves
-  nothing at the peak), the loss and the head (small tensors, recomputed for nothing): `blocks[:-1]`.
-The small CNN and the MLP have no repeated blocks: with them the script says so and trains as train.py does.
+Autograd keeps every block's intermediate tensors for backward, so at the end of the forward all are alive at once,
+and for a transformer they, not the weights, fill the memory. `checkpoint(block, x, use_reentrant=False)` keeps only
+the block's input and runs its forward again in backward: activation memory falls to the blocks' inputs plus one
+block's tensors, for one extra forward per checkpointed block. That buys a larger batch, sequence or model; it is not
+a speed-up. --recompute-every N checkpoints every N-th block. The small CNN and the MLP have no repeated blocks: with
+them the script says so and trains as train.py does.
 
     python src/train_activation_checkpointing.py --model vit                     # every ViT encoder block but the last
     python src/train_activation_checkpointing.py --model resnet18 --recompute-every 2
     python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --device cuda   # GPU
     diff src/train.py src/train_activation_checkpointing.py                     # only the lines marked `# new #`
+
+More: docs/techniques/train_activation_checkpointing.md
 """
 
 import contextlib  # new #
@@ -65,7 +49,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

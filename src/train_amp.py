@@ -1,19 +1,18 @@
 """Mixed precision (AMP): train.py + torch.autocast around forward and loss + torch.amp.GradScaler for float16.
 
-Inside autocast, convolutions and matrix multiplies run in float16 or bfloat16 (tensor cores on a GPU: about twice
-the math throughput of the TF32 that train.py's convolutions use, about 15x the full float32 of its matmuls: 989.4,
-494.7 and 66.9 dense TFLOP/s on an H100 SXM; and half the activation memory), while reductions such as the loss and the batch-norm
-statistics stay in float32; the weights and the optimizer state stay in float32. float16 has a narrow range, so small
-gradients would flush to zero: GradScaler multiplies the loss by a large factor before backward, divides the
-gradients back before the step and skips steps whose gradients overflowed. bfloat16 has float32's range and needs no
-scaler. On a CPU without bfloat16 instructions (AVX512-BF16 / AMX) autocast is emulated and slower than float32; on
-one with them it is faster (the tables name the CPU and its instruction sets).
+Inside autocast, convolutions and matrix multiplies run in float16 or bfloat16 (on a GPU's tensor cores about twice
+the math rate of TF32, and half the activation memory), while reductions such as the loss and batch-norm statistics,
+the weights and the optimizer state stay in float32. float16's narrow range would flush small gradients to zero, so
+GradScaler scales the loss up before backward and the gradients back down before the step; bfloat16 needs no scaler.
+On a CPU without bfloat16 instructions (AVX512-BF16 / AMX) autocast is emulated and slower than float32.
 
     python src/train_amp.py                                   # float16 on CUDA, bfloat16 on CPU
     python src/train_amp.py --amp-dtype bfloat16              # no GradScaler needed (float32's exponent range)
     python src/train_amp.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     python src/train_amp.py --clip-grad-norm 1.0              # clipping: scaler.unscale_ first
     diff src/train.py src/train_amp.py                        # only the lines marked `# new #`
+
+More: docs/techniques/train_amp.md
 """
 
 import itertools
@@ -36,7 +35,7 @@ parser.add_argument(  # new #
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
+# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
     print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
@@ -64,7 +63,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

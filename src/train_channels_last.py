@@ -1,19 +1,16 @@
 """channels_last: train_amp.py + NHWC memory format for the model's weights and the input batch.
 
-PyTorch stores images as NCHW: the channels of one pixel lie H x W elements apart. Tensor cores multiply small
-matrices whose inner dimension is the channels, so cuDNN's fastest float16 / bfloat16 convolutions read NHWC, where
-the channels of a pixel are adjacent; fed NCHW, cuDNN transposes every activation in and out of each convolution
-(or picks a slower kernel). `model.to(memory_format=torch.channels_last)` keeps the logical shape (N, C, H, W) and only
-changes the strides, so no other line changes: every conv, batch norm and ReLU then reads and writes NHWC. It pays most
-under autocast on tensor cores (the reason this rung sits on train_amp.py), and it pays on a CPU too: on 2 AMD EPYC
-cores with AVX512-BF16 the small CNN ran 1.54x train_amp.py in bfloat16 and 1.46x train.py in float32
-(results/cpu-2core-avx512bf16-2026-11-24-peak). Pitfall: a .contiguous(), .reshape or permute inside a model can
-silently turn the activations back to NCHW, so this script checks every convolution's input once (a forward
-pre-hook).
+PyTorch stores images as NCHW, but tensor cores multiply matrices whose inner dimension is the channels, so cuDNN's
+fastest float16 / bfloat16 convolutions read NHWC; fed NCHW, cuDNN transposes every activation in and out of each
+convolution. `memory_format=torch.channels_last` on the model and the input changes only the strides, not the shape
+(N, C, H, W), so no other line changes. It pays most under autocast on tensor cores (hence this rung's base), and on a
+CPU too. A forward pre-hook checks once that every convolution's input really is NHWC.
 
     python src/train_channels_last.py                         # float16 + NHWC on CUDA, bfloat16 + NHWC on CPU
     python src/train_channels_last.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     diff src/train_amp.py src/train_channels_last.py          # only the lines marked `# new #`
+
+More: docs/techniques/train_channels_last.md
 """
 
 import itertools
@@ -36,7 +33,7 @@ parser.add_argument(  # new #
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
+# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
     print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
@@ -69,7 +66,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

@@ -1,33 +1,19 @@
 """torch.compile: train_channels_last.py + torch.compile of the model, compile time kept out of the images/s.
 
-TorchDynamo traces the model's forward into a graph at the first call, and Inductor compiles the graph (and the
-backward that AOTAutograd derives from it) into fused kernels: Triton on a GPU, C++/OpenMP on a CPU (which needs a C++
-compiler, g++ or $CXX). Fusing the batch norms, ReLUs and residual additions between the convolutions removes most of
-the memory traffic and kernel launches that eager mode pays for. Compiling takes seconds to minutes once, at the first
-step: the Meter leaves warm-up steps out of images/s, and the metrics report `compile_s` (the first step's seconds)
-apart, with the time to the target accuracy given both without and with it. Pitfalls, with the line that avoids each:
-a new input shape recompiles (the last partial batch: `drop_last=True`; `dynamic=False` makes that explicit; the eval
-batch: evaluation runs the eager `model`, which also avoids the train/eval recompilation); checkpoints of the compiled
-module have an `_orig_mod.` prefix (save `model`, which torch.compile wrapped: its keys load into train.py's model);
-`.item()` or Python control flow on tensor values inside a model breaks the graph in two (keep them out of forward).
-A later recompile (a new shape, a guard that failed) is counted (`graphs_compiled`, `recompiled_steps` in the metrics,
-from `torch._dynamo.utils.counters`) and its step kept out of images/s, so the window measures only compiled steps
-(after 8 recompiles of one function Dynamo stops compiling it and runs it eagerly: TORCH_LOGS=recompiles shows that).
-
-On a CPU it pays only where eager mode's time goes to small elementwise ops and dtype casts, and this is measurable:
-`python bench/profile_step.py` profiles this rung's step eagerly and compiled (2-core EPYC, torch 2.15, logs in
-results/archive/cpu-2core-avx512bf16-2026-11-24-peak/compile-on-cpu/). For the small ViT in bf16 compile fuses autocast's
-casts (`aten::copy_` 371 ms per 10 steps eager, 52 ms compiled) and GELU: 1.14x. For the small CNN it loses (0.79x):
-the convolutions stay oneDNN calls either way, and what Inductor fuses around them (batch norm, max-pool, ReLU and
-autocast's casts, forward and backward) takes 197 ms per 10 steps in its generated C++ kernels (with the
-aten::scatter_reduce_ of max-pool's backward), where the same ATen ops take 109 ms (the sums of those rows of the
-top-15 tables). A conv net with batch norm on a CPU: measure first.
+TorchDynamo traces the model's forward into a graph at the first call, and Inductor compiles it (and the backward that
+AOTAutograd derives) into fused kernels: Triton on a GPU, C++/OpenMP on a CPU, which needs a C++ compiler (g++ or
+$CXX). Fusing the batch norms, ReLUs and residual additions between the convolutions removes most of eager mode's
+memory traffic and kernel launches. The compile (the first step, seconds to minutes) and any recompile are kept out of
+images/s and reported apart (compile_s, graphs_compiled, recompiled_steps). On a CPU it pays only where eager time
+goes to small elementwise ops and casts: for a conv net with batch norm on a CPU, measure first.
 
     python src/train_compile.py                                      # float16 + NHWC + compile on CUDA
     python src/train_compile.py --compile-mode max-autotune          # longer compile, autotuned kernels
     TORCH_LOGS=recompiles,graph_breaks python src/train_compile.py  # why a graph broke or recompiled
     python src/train_compile.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     diff src/train_channels_last.py src/train_compile.py            # only the lines marked `# new #`
+
+More: docs/techniques/train_compile.md
 """
 
 import itertools
@@ -59,7 +45,7 @@ parser.add_argument(  # new #
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
+# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
     print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
@@ -98,7 +84,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

@@ -1,29 +1,11 @@
 r"""Everything stacked: train_compile.py + DALI or device-resident input, fused AdamW, cuDNN autotuning.
 
 The last rung of the ladder train.py -> train_amp.py -> train_channels_last.py -> train_compile.py -> this file. Its
-base already runs the model in float16 / bfloat16 (autocast) with NHWC tensors, compiled; this file removes host-side
-overhead that is left (input decoding and copies, optimizer kernel launches, a host sync per float16 step), lets cuDNN
-pick its fastest convolution algorithms, and trains the same model on the same data as its base:
-- input (`--without device-data` puts the base's DataLoader back): Fashion-MNIST (219 MB as normalised float32) is
-  held on the device whole;
-  a DataLoader over the indices alone (the base's sampler and generator, reseeded every epoch, so the very batches
-  the base trains on, unaugmented like the base's) picks each batch, and only those int64 indices cross to the GPU, from
-  pinned memory; JPEG files (`--dataset imagefolder --data-dir ROOT`, an ImageFolder with train/ and val/; the base
-  has no such input, so compare with loader.py / loader_DALI.py) go through loader_DALI.py's graph, `mixed` decoding
-  on the GPU, `crop_mirror_normalize` writing float16 NHWC, which a permute turns into the channels_last batch the
-  model wants without a copy;
-- `torch.optim.AdamW(..., fused=True)` (`--without fused-adamw`): the base's AdamW already updates all parameters
-  with a few multi-tensor (foreach) kernels on CUDA; the fused one needs fewer still, and takes GradScaler's scale
-  and found-inf flag on the device, where scaler.step(optimizer) otherwise reads found-inf with .item(), a host sync
-  every step (float16 only: bfloat16 has no scaler);
-- `cudnn.benchmark` (`--without cudnn-benchmark`): cuDNN times its convolution algorithms once for the fixed input
-  shape and keeps the fastest.
-No TF32 setting: under autocast every convolution and matmul of the step already runs in float16 / bfloat16 (unless
---amp-dtype float32), so torch.set_float32_matmul_precision("high") would change only the untimed float32 evaluation.
-The bench's ablation rows run this file with each change removed in turn, so each one's share is measured.
---batch-size: a larger one often runs faster (the batch-size sweep measures it); the bench keeps the other rungs' batch so that the rows compare.
-It is a single-process script: under torchrun with a world size above 1 it refuses in one line (see train_DDP.py).
-On a CPU it runs too (DALI's CPU-only mode, Inductor's C++ kernels, bfloat16) and says in one line what it cannot do.
+base already runs the model compiled, in float16 / bfloat16 with NHWC tensors; this file removes the host-side
+overhead left, and trains the same model on the same data: Fashion-MNIST held on the device whole (only each batch's
+indices cross to it), or JPEG files decoded on the GPU by DALI (`--dataset imagefolder`); `AdamW(fused=True)`, which
+also keeps GradScaler's found-inf check on the device; `cudnn.benchmark`. `--without X` leaves one of them out (the
+bench's ablation rows). A single-process script; on a CPU it runs too and says in one line what it cannot do.
 
     python src/train_fast.py --model resnet18 --epochs 8 --batch-size 256 --lr 2e-3 --target-acc 0.93   # Fashion-MNIST
     python src/train_fast.py --dataset imagefolder --data-dir data/imagenet-synthetic --image-size 224 \
@@ -31,6 +13,8 @@ On a CPU it runs too (DALI's CPU-only mode, Inductor's C++ kernels, bfloat16) an
     python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # the ceiling
     python src/train_fast.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100 --without fused-adamw
     diff src/train_compile.py src/train_fast.py                       # only the lines marked `# new #`
+
+More: docs/techniques/train_fast.md
 """
 
 import itertools
@@ -89,7 +73,7 @@ if device.type == "cpu":  # what it cannot do here, for the input it was given (
     }
     print(f"train_fast.py: no GPU: no float16 tensor cores{where.get(args.dataset, '')}", flush=True)
 # new # end
-# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (the nearest honest equivalent)
+# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (nearest honest equivalent)
 amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
     print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
@@ -224,7 +208,7 @@ else:
             num_workers=args.workers,
             pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
             persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-            worker_init_fn=common.seed_worker,
+            worker_init_fn=common.init_worker,
         )
         test_loader = DataLoader(test_set, batch_size=1000)
     else:  # new # the same sampling as the DataLoader above, the images already on the device

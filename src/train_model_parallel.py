@@ -1,29 +1,17 @@
 """Model parallelism: train.py + the model cut into two stages on two devices, micro-batches pipelined through them.
 
-When a model does not fit in one GPU's memory, put its first blocks on cuda:0 and the rest on cuda:1 and move the
-activations between them: each GPU holds its stage's weights, gradients and optimizer state. The cut falls between
-blocks (a Sequential's layers; a ResNet's stem layers, each residual block of layer1-4, the pooling and fc; a ViT's
-patch embedding, each encoder block and the head), never inside one, where --balance says the two
-stages are most even: `params` (default; the reason to split is memory) or `flops` (forward FLOPs counted with
-torch.utils.flop_counter.FlopCounterMode on one image, which counts matmuls, convolutions and attention, not
-elementwise ops: stages that take similar time, for pipeline speed). Both stages' parameters and
-forward GFLOPs are printed and in the metrics (stage_params, stage_gflops). How even a cut can be depends on the
-model: ResNet-18 at 28 px splits 6,447,040 / 4,725,770 parameters by `params` (0.76 / 0.15 forward GFLOPs), 674,240 /
-10,498,570 by `flops` (0.44 / 0.47); the small CNN, whose one Linear layer holds 95 % of the weights, no better than
-18,912 / 402,826. Run naively, one GPU waits while the other works;
-split-batch pipelining (GPipe's schedule) cuts each batch into --micro-batches pieces: while stage 1 runs micro-batch i
-on cuda:1, stage 0 already runs micro-batch i+1 on cuda:0, because CUDA calls return before the kernels finish. With
-fewer than 2 GPUs both stages run on one device (the nearest honest equivalent, said in one line): the same code, no
-overlap, so it only costs time. Pitfalls: BatchNorm sees micro-batches (for a model without it, the pipeline computes
-what the unsplit model computes: tests/test_equivalence.py); the labels must be on the last stage's device; the
-checkpoint is the original model's state dict (the stages share its layers), so train.py loads it. What comes next:
-torch.distributed.pipelining (one process per stage, schedules such as 1F1B that also overlap the backward passes) and
-FSDP (every layer's parameters sharded over all GPUs instead of the model cut in two).
+When a model does not fit in one GPU's memory, put its first blocks on cuda:0 and the rest on cuda:1, each GPU holding
+its stage's weights, gradients and optimizer state. The cut falls between blocks where --balance makes the stages most
+even: `params` (default, for memory) or `flops` (for speed). Run naively, one GPU waits while the other works, so each
+batch is cut into --micro-batches pieces that flow through the stages as a pipeline (GPipe's schedule). With fewer
+than 2 GPUs both stages run on one device (said in one line): the same code, no overlap.
 
     python src/train_model_parallel.py --micro-batches 4                    # cuda:0 + cuda:1, or one device
     python src/train_model_parallel.py --model resnet50 --dataset synthetic --batch-size 256 --micro-batches 8
     python src/train_model_parallel.py --model resnet18 --balance flops    # stages of equal compute, for speed
     diff src/train.py src/train_model_parallel.py                           # only the lines marked `# new #`
+
+More: docs/techniques/train_model_parallel.md
 """
 
 import itertools
@@ -73,7 +61,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

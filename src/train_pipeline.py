@@ -1,43 +1,23 @@
-"""Pipeline parallelism: train_model_parallel.py + each stage in its own process, scheduled by torch.distributed.pipelining.
+r"""Pipeline parallelism: train_model_parallel.py + one process per stage, run by torch.distributed.pipelining.
 
-train_model_parallel.py cuts the model in two stages and runs both from one process; here each stage is a process
-of its own (one per GPU, or 2 sharing a CPU's cores with gloo), started by torchrun, and
-`torch.distributed.pipelining` moves the micro-batches' activations forward and their gradients backward between them
-(point-to-point sends). Every rank builds the whole model from the same seed and finds the same cut (--balance, as the
-base does); it trains its stage (its weights, gradients and AdamW state: `params_per_rank` counts the larger stage),
-a `PipelineStage` over the stage's blocks driven by a schedule over --micro-batches pieces of each batch. The first
-rank then drops the other stage's blocks (to the meta device); the last rank keeps a copy of the first stage's
-weights, refreshed for evaluation and last.pt (a model too large for one device would build only its stage). GPipe
-(--schedule gpipe) runs every micro-batch's forward, then every backward: each stage keeps the activations of all
-m micro-batches. 1F1B (--schedule 1f1b) starts the backward of micro-batch i as soon as the last stage has its loss
-and then alternates one forward and one backward: a stage keeps at most p micro-batches' activations (p stages),
-for the same bubble (activation_mib counts the storages saved in the first step, reused addresses once, so it is not
-that peak and does not show the difference). The bubble: at the start a stage waits for its first input, at the end for its last gradient;
-in theory each stage is idle (p - 1) / (m + p - 1) of a step (GPipe, Huang et al. 2019), so more micro-batches mean
-a smaller bubble but smaller, less efficient matmuls. The script measures it: forward and backward hooks time what
-each stage computes in a step (a backward from its output's gradient to the last gradient it accumulates), and one
-minus that over the step's time is the stage's measured idle share (bubble_measured, per rank, beside
-bubble_theory in the metrics). On CUDA each hook synchronises the device (kernels run asynchronously), which
-serialises what it times: there the bubble and images/s are those of a slowed schedule. The loss is a mean per micro-batch, and the schedule divides the summed gradients by
-m (scale_grads=True), so a step trains what train.py's step on the whole batch trains (tests/test_equivalence.py).
-Clipping adds the stages' squared gradient norms over the ranks (an all-reduce), as the whole model's norm. The last
-stage reports (it has the loss) and says where a SIGTERM left the run; for evaluation and last.pt the first stage
-sends its weights to it: it evaluates the whole model on the test set and writes last.pt, whose "model" loads into
-train.py's model
-(schedule.eval would need test batches split like the training batch: a stage fixes its buffers' shapes at its first
-step). Two stages: the base's cut; more would need a p-way cut. Needs torch >= 2.15 (tested on it: pipelining on gloo,
-whose batch_isend_irecv hang was fixed in pytorch/pytorch#152938).
+train_model_parallel.py cuts the model in two stages and runs both from one process; here each stage is a process of
+its own, started by torchrun, and a schedule moves the micro-batches' activations forward and their gradients back
+between them. GPipe (--schedule gpipe) runs every micro-batch's forward, then every backward; 1F1B (--schedule 1f1b)
+alternates them once the pipeline is full, so a stage keeps at most p micro-batches' activations, for the same
+bubble: each stage idles (p - 1) / (m + p - 1) of a step in theory (p stages, m micro-batches). Hooks measure it
+(bubble_measured beside bubble_theory in the metrics). It trains what train.py trains; the last stage writes last.pt,
+which train.py's model loads. Needs torch >= 2.15 (pipelining on gloo).
 
     torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --micro-batches 4   # 2 processes, gloo
     torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --schedule 1f1b --micro-batches 8
-    torchrun --nproc-per-node 2 src/train_pipeline.py --model resnet50 --dataset synthetic --batch-size 256 --max-steps 50
+    torchrun --nproc-per-node 2 src/train_pipeline.py --model resnet50 --dataset synthetic --batch-size 256 \
+        --max-steps 50
     diff src/train_model_parallel.py src/train_pipeline.py                     # only the lines marked `# new #`
+
+More: docs/techniques/train_pipeline.md
 """
 
 import itertools
-import os  # new #
-import statistics  # new #
-import time  # new #
 
 import torch
 import torch.distributed as dist  # new #
@@ -66,28 +46,17 @@ args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
     parser.error(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")  # new #
 common.env.require_torch("2.15", "train_pipeline.py (torch.distributed.pipelining on gloo)")  # new #
-# new # begin: torchrun starts one process per stage
-if "LOCAL_RANK" not in os.environ:
-    common.die("launch with torchrun: `torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit`")
-local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-if world_size != 2:
-    common.die(f"train_pipeline.py runs 2 stages, one per process: --nproc-per-node 2, not {world_size} processes")
-if args.schedule == "1f1b" and args.micro_batches < world_size:
-    parser.error(f"--schedule 1f1b needs at least {world_size} micro-batches (one per stage), not {args.micro_batches}")
-first, last = rank == 0, rank == world_size - 1  # the first stage gets the images, the last the labels
-master = last  # the last stage has the loss: it prints, evaluates, writes metrics and checkpoints
-# new # end
+if args.schedule == "1f1b" and args.micro_batches < 2:  # new #
+    parser.error(f"--schedule 1f1b needs at least 2 micro-batches (one per stage), not {args.micro_batches}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: one device per stage, then the process group
-if device.type == "cuda":
-    if local_rank >= torch.cuda.device_count():
-        common.die(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node")
-    device = torch.device("cuda", local_rank)
-    torch.cuda.set_device(device)  # before the process group, so NCCL binds this GPU and not GPU 0
-else:
-    torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # share the cores
-dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # rendezvous through MASTER_ADDR/MASTER_PORT
+# new # begin: one process per stage under torchrun (train_DDP.py's set-up)
+launch = "torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit"
+device, rank, world_size = common.distributed.setup(device, launch)
+if world_size != 2:
+    common.die(f"train_pipeline.py runs 2 stages, one per process: --nproc-per-node 2, not {world_size} processes")
+first, last = rank == 0, rank == world_size - 1  # the first stage gets the images, the last the labels
+master = last  # the last stage has the loss: it prints, evaluates, writes metrics and checkpoints
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
@@ -104,7 +73,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 
@@ -150,51 +119,7 @@ if master:  # new #
 model.train()
 stage_module = nn.Sequential(*stage_blocks[rank])  # shares the blocks' parameters with `model`
 stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
-
-
-def sync_whole_model() -> None:  # the first stage broadcasts its weights and buffers: the last rank has them all
-    for owner, owned in enumerate(stage_blocks[:-1]):
-        for block in owned:
-            for tensor in block.state_dict().values():  # they share storage with the block's own tensors
-                dist.broadcast(tensor, src=owner)
-
-
-class StageClock:
-    """Seconds this stage computes in a step: each forward between its module's pre- and post-hooks; each backward
-    from its output's gradient (the first thing it computes) to the last gradient accumulated into a parameter. On
-    CUDA every hook synchronises the device (kernels run asynchronously), which serialises the work it times."""
-
-    def __init__(self, module: nn.Module):
-        self.busy, self.start, self.end = 0.0, None, None
-        module.register_forward_pre_hook(lambda *_: self.begin())
-        module.register_forward_hook(self.forward_done)
-        for p in module.parameters():
-            p.register_post_accumulate_grad_hook(lambda _: setattr(self, "end", self.now()))
-
-    def now(self) -> float:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
-    def begin(self, *_) -> None:  # a forward or a backward starts: the backward before it ended at its last gradient
-        if self.start is not None and self.end is not None:
-            self.busy += self.end - self.start
-        self.start, self.end = self.now(), None
-
-    def forward_done(self, module, inputs, output) -> None:
-        self.busy += self.now() - self.start
-        self.start = None
-        if output.requires_grad:  # its gradient arrives when this stage's backward of the micro-batch starts
-            output.register_hook(self.begin)
-
-    def step_busy(self) -> float:  # the step's compute seconds; the clock starts again at 0
-        self.begin()
-        busy, self.busy, self.start = self.busy, 0.0, None
-        return busy
-
-
-clock = StageClock(stage_module)
-idle = []  # per step: 1 - compute / the step's time, on this stage
+clock = common.meter.StageClock(stage_module, device)  # hooks time what this stage computes: the rest is its bubble
 # new # end
 criterion = nn.CrossEntropyLoss()
 # new # begin: the schedule computes each micro-batch's loss (its mean) on the last stage and divides the summed
@@ -227,22 +152,6 @@ if master:  # new #
     print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches of {micro}", flush=True)  # new #
 
 
-def save_whole(epochs_done: int) -> None:  # new # collectives: every rank calls it, the last one writes
-    sync_whole_model()  # new #
-    stage_optimizers = [None] * world_size  # new # each stage's AdamW state, by rank
-    dist.all_gather_object(stage_optimizers, optimizer.state_dict())  # new #
-    if master:  # new #
-        common.save_checkpoint(  # new #
-            checkpoint,
-            args,
-            model,
-            None,
-            epochs_done,
-            step,
-            stage_optimizers=stage_optimizers,  # new #
-        )  # new #
-
-
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)  # new # this process's device
 preemption = common.Preemption(master)  # new # SIGTERM: stop at the step boundary; the last rank says where it saved
@@ -262,13 +171,14 @@ for epoch in range(start_epoch, args.epochs):
         # new # the gradients are zeroed before the schedule: it runs the backward passes
         optimizer.zero_grad(set_to_none=True)
         # new # begin: the first stage feeds the images, the last gets the labels and returns the logits and losses
-        started, losses = clock.now(), []
+        losses = []
+        clock.begin_step()
         if first:
             schedule.step(images.to(device, non_blocking=True))
         else:
             logits = schedule.step(target=labels.to(device, non_blocking=True), losses=losses)
             loss = torch.stack(losses).mean()  # the micro-batches' mean losses: the batch's mean
-        idle.append(1 - clock.step_busy() / (clock.now() - started))
+        clock.end_step()
         # new # end
         if args.clip_grad_norm:
             # new # begin: the whole model's gradient norm: the stages' squared norms summed over the ranks
@@ -290,10 +200,11 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
-            save_whole(epoch)  # new # `epoch` epochs finished
+            # new # every rank sends its stage to the last, which writes the whole model and each stage's AdamW state
+            common.distributed.save_stages(checkpoint, args, model, stage_blocks, optimizer, epoch, step)  # new #
         break
 
-    sync_whole_model()  # new # the last rank evaluates the whole model
+    common.distributed.sync_stages(stage_blocks)  # new # the last rank gets the first stage: it evaluates the whole
     if master:  # new #
         val_loss, val_acc = common.evaluate(model, test_loader, device)  # new #
         epochs.append(
@@ -302,17 +213,15 @@ for epoch in range(start_epoch, args.epochs):
         print(common.epoch_line(epochs[-1]), flush=True)
     model.train()  # new # evaluate() left the shared blocks in eval mode
     if checkpoint:
-        save_whole(epoch + 1)  # new #
+        common.distributed.save_stages(checkpoint, args, model, stage_blocks, optimizer, epoch + 1, step)  # new #
     if step == total_steps:
         break
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
-summary = common.gather_summary(meter.summary())  # new # peak memory the max over ranks
-rates = summary["images_per_s_per_rank"]  # new # every stage saw every image: the slowest rate is the model's
-summary["images_per_s"] = min(rates) if None not in rates else None  # new # not their sum
+summary = common.gather_summary(meter.summary(), same_images=True)  # new # the slowest stage's images/s
 # new # begin: the bubble, measured after the warm-up on every stage, against (p - 1) / (m + p - 1)
 bubble = [None] * world_size
-dist.all_gather_object(bubble, statistics.median(idle[args.warmup_steps :] or idle) if idle else None)
+dist.all_gather_object(bubble, clock.idle_share(args.warmup_steps))
 flops_per_image = [None] * world_size  # each stage counted its own: the whole model's is their sum
 dist.all_gather_object(flops_per_image, summary["flops_per_image"])
 summary["flops_per_image"] = sum(flops_per_image) if None not in flops_per_image else None

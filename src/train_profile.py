@@ -1,25 +1,16 @@
 """torch.profiler: train.py + a profile of a few steps, a Chrome/Perfetto trace and the top-15 ops table.
 
-A speed-up list says what to try; the profiler says where the time goes, so which item applies. The steps are
-labelled with `record_function` (data: the copy to the device; forward, backward, optimizer); `torch.profiler.profile`
-skips the first --profile-wait steps (warm-up: worker start, cuDNN autotuning, compilation), warms up one, records
---profile-active, then stops. --trace-dir writes the recorded steps as a Chrome trace (JSON) that opens in
-ui.perfetto.dev or chrome://tracing: one row per thread (and per CUDA stream), one box per op and kernel. At the end
-it prints `key_averages()`, the 15 ops with the most self time on the device (CUDA), or on the CPU without one. How to
-read it:
-- input-bound: `enumerate(DataLoader)#..._DataLoaderIter.__next__` (the wait for the next batch, between optimizer
-  and the next `data`) takes a large share of each step: more --workers, pinned memory, DALI (loader_DALI.py);
-- launch-bound (GPU): many short kernels with gaps between them, CPU self time of the `aten::` ops near the step time
-  while the GPU idles: fewer, bigger kernels (torch.compile, CUDA graphs, a bigger batch);
-- compute-bound: convolution / matmul kernels (`aten::convolution`, `aten::mm`, cuDNN / cuBLAS / oneDNN kernels)
-  take most of the device time: lower precision (train_amp.py), channels_last, then the share of the measured matmul
-  peak (the bench's of-peak column) says how much is left. On a CPU the same reading holds with CPU self time.
-Profiling costs time (the recorded steps run slower: the images/s it reports are not the script's speed) and memory
-(record_shapes). tests/test_equivalence.py checks that it trains train.py's weights bit for bit.
+A speed-up list says what to try; the profiler says where the time goes, and so which rung applies. The step is
+labelled with record_function (data, forward, backward, optimizer); the profiler skips --profile-wait warm-up steps,
+warms up one, records --profile-active, then prints the 15 ops with the most self time on the device (CUDA, or the
+CPU without one). --trace-dir writes a Chrome trace to open in ui.perfetto.dev or chrome://tracing. The recorded
+steps run slower: the images/s it reports are not the script's speed.
 
     python src/train_profile.py --device cpu --subset 4096 --epochs 1 --trace-dir traces   # then open the JSON
     python src/train_profile.py --model resnet50 --dataset synthetic --batch-size 128 --max-steps 30 --trace-dir traces
     diff src/train.py src/train_profile.py                          # only the lines marked `# new #`
+
+More: docs/techniques/train_profile.md
 """
 
 import itertools
@@ -64,7 +55,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

@@ -5,12 +5,14 @@ with the square of the context. `F.scaled_dot_product_attention` computes the sa
 flash kernel: blocks of keys at a time, the softmax rescaled online; on a GPU flash, memory-efficient or cuDNN,
 whichever takes the dtype and shape) and recomputes the blocks in backward, so no T x T matrix is kept. train.py and
 every other script use SDPA (common/vit.py's Attention); this lesson writes the other one out, so its diff is the
-attention. Why, and the measured sweep: docs/techniques/train_sdpa.md.
+attention.
 
     python src/train_sdpa.py --model gpt --attention written-out       # the textbook attention
     python src/train_sdpa.py --model gpt --attention sdpa              # the fused kernel (train.py's)
     python src/train_sdpa.py --model gpt --dataset synthetic --seq-len 1024 --batch-size 8 --max-steps 30
     diff src/train.py src/train_sdpa.py                                # only the lines marked `# new #`
+
+More: docs/techniques/train_sdpa.md
 """
 
 import itertools
@@ -50,7 +52,7 @@ else:
         num_workers=args.workers,
         pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
         persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-        worker_init_fn=common.seed_worker,
+        worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
 

@@ -122,13 +122,12 @@ MUTATIONS = [
      "            dist.all_reduce(square)\n", "            pass\n",
      EQ + "test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_their_bubble[1f1b-1.0]"),
     ("train_TP.py", "a resume that restores the model but not the AdamW state (its moments start again at 0)",
-     "src/train_TP.py", 'set_state_dict(model, optimizer, model_state_dict=state["model"], '
-     'optim_state_dict=state["full_optimizer"],', 'set_state_dict(model, [], model_state_dict=state["model"], '
-     "optim_state_dict={},",
+     "src/common/distributed.py", 'model, optimizer, model_state_dict=state["model"], '
+     'optim_state_dict=state["full_optimizer"],', 'model, [], model_state_dict=state["model"], optim_state_dict={},',
      EQ + "test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights[TP]"),
     ("train_pipeline.py", "last.pt written without the first stage's current weights (no sync before the save): a "
      "resume from a SIGTERM mid-epoch restarts stage 0 from stale weights",
-     "src/train_pipeline.py", "    sync_whole_model()  # new #\n", "    pass  # new #\n",
+     "src/common/distributed.py", "    sync_stages(stage_blocks)\n    stage_optimizers", "    stage_optimizers",
      EQ + "test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights[pipeline]"),
     ("loader_DALI.py", "DALI's per-epoch shuffle off: every epoch the first one's order", "src/loader_DALI.py",
      "        shuffle_after_epoch=training,", "        shuffle_after_epoch=False,",

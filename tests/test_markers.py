@@ -1,5 +1,6 @@
 """The `# new #` checker (bench/check_markers.py): every chain passes, and each kind of mistake is caught."""
 
+import ast
 import sys
 from pathlib import Path
 
@@ -103,6 +104,27 @@ def test_tree_shows_the_chains_and_the_readme_has_it():
 def test_the_whole_chain_differs_from_its_root_only_in_marked_lines():
     """Markers are inherited along a chain, so train_fast.py against train.py is clean as well."""
     assert check_markers.check(REPO / "src" / "train.py", REPO / "src" / "train_fast.py") == []
+
+
+def test_no_line_in_src_is_longer_than_120_characters():
+    """The scripts are read as tutorials and side by side in a diff: no line of src/ (code, comments, docstrings) over
+    120 characters."""
+    long = [
+        f"{path.relative_to(REPO)}:{n}: {len(line)} characters"
+        for path in sorted((REPO / "src").rglob("*.py"))
+        for n, line in enumerate(path.read_text().splitlines(), 1)
+        if len(line) > 120
+    ]
+    assert not long, "\n".join(long)
+
+
+def test_every_script_s_docstring_ends_with_its_page():
+    """A script's docstring says what it does and how to run it; the rest is on its page, which it names."""
+    for script in check_markers.scripts():
+        doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+        page = f"docs/techniques/{script.stem}.md"
+        assert doc.rstrip().endswith(f"More: {page}"), f"{script.name}: its docstring does not end with its page"
+        assert (REPO / page).is_file(), page
 
 
 def test_a_well_marked_variant_passes_despite_indentation(tmp_path):

@@ -7,7 +7,8 @@ scripts call, installs the excepthook that turns the failures a user causes into
 
 The map: each module, what it owns, and [what it imports from the package]. No module imports a script; no circle.
 
-    errors      die (one line on stderr, an exit code), first_line of a library's message           []
+    errors      die (one line on stderr, an exit code), first_line, the one-line excepthook          [images, io
+                (install_error_hook, which parse_args installs)                                     in the hook]
     io          atomic_write / atomic_write_text, WriteFailed, output_problem (a probe write)       [errors]
     env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit   []
     device      get_device, precision_label (what an fp32 model really computes in)                 [errors]
@@ -23,16 +24,20 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
-                gather_summary (over ranks)                                                         []
+                gather_summary (over ranks), StageClock (a pipeline stage's bubble)                 []
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
                                                                                                      gpt, io, meter,
                                                                                                      runstate]
     checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished    [errors, io, models,
                                                                                                      runstate]
-    preemption  Preemption: SIGTERM stops every rank at one step boundary                           [runstate]
-    cli         the shared flags (get_parser, get_image_folder_parser), parse_args, the one-line    [data, env, errors,
-                error hook                                                                           images, io, models]
+    preemption  Preemption: SIGTERM stops every rank at one step boundary; init_worker, the         [runstate,
+                DataLoader workers' (seeded, SIGTERM from others ignored)                            seeding]
+    distributed setup (train_DDP.py's torchrun set-up, for the scripts that do not teach it),
+                save_full_state / load_full_state (a sharded model's whole state in last.pt),
+                sync_stages / save_stages (a pipeline's)                                            [checkpoint, errors]
+    cli         the shared flags (get_parser, get_image_folder_parser), parse_args (the checks made [data, env, errors,
+                before any work, each model's defaults)                                              io, models]
 
 The bench and the tests reach the rest through the module that owns it, e.g. `common.io.atomic_write_text` or
 `common.data.find_fashion_mnist`.
@@ -43,6 +48,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     cli,
     data,
     device,
+    distributed,
     env,
     errors,
     evaluation,
@@ -69,7 +75,7 @@ from .io import output_problem
 from .meter import Meter, gather_summary
 from .metrics import epoch_line, epoch_record, report
 from .models import TEXT_MODELS, build_model
-from .preemption import Preemption
+from .preemption import Preemption, init_worker
 from .seeding import seed_everything, seed_worker
 from .text import generate
 from .vit import ViT
@@ -95,6 +101,7 @@ __all__ = [
     "get_image_folder_parser",
     "get_parser",
     "image_folders",
+    "init_worker",
     "input_shape",
     "load_checkpoint",
     "load_part",

@@ -1,4 +1,4 @@
-"""The command line: the flags every script shares, the checks made before any work, and the one-line error hook."""
+"""The command line: the flags every script shares and the checks made before any work."""
 
 from __future__ import annotations
 
@@ -6,13 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from .data import DEBIAN_FASHION_MNIST
 from .env import REPO
-from .errors import die, first_line
-from .images import BadImage
-from .io import WriteFailed, output_problem
+from .errors import die, install_error_hook
+from .io import output_problem
 from .models import DEFAULTS, MODELS, SCHEDULE_DEFAULTS, TEXT_MODELS, vit_patch_size
 
 
@@ -232,8 +229,10 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
 def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
     """Parse the command line, check the flags that only make sense together (argparse: usage and exit 2) and the
     outputs (`output_problem`: one line, exit 2), all before any work, and install the one-line error hook
-    (`install_error_hook`). A --checkpoint-dir that already holds last.pt needs --resume: a new run would overwrite
-    the earlier one's checkpoint."""
+    (`errors.install_error_hook`). A --checkpoint-dir that already holds last.pt needs --resume: a new run would
+    overwrite the earlier one's checkpoint. Where the command line leaves them out, --lr, --batch-size, --epochs,
+    --max-steps and --clip-grad-norm get the model's own defaults (models.DEFAULTS: what trains it well; --help names
+    them), and --dataset the model's data (text for a language model): the returned namespace holds the values used."""
     install_error_hook()
     args = parser.parse_args()
     if "dataset" in args and args.dataset is None:  # the model's own data: text for a language model
@@ -279,35 +278,3 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
             "continue it, or pick another folder (this run would overwrite it)"
         )
     return args
-
-
-def _is_out_of_memory(kind, value) -> bool:
-    """MemoryError, torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError "can't allocate memory"."""
-    return issubclass(kind, (MemoryError, torch.OutOfMemoryError)) or (
-        issubclass(kind, RuntimeError) and ("can't allocate memory" in str(value) or "out of memory" in str(value))
-    )
-
-
-def _report_user_errors(kind, value, traceback) -> None:
-    """sys.excepthook: one line on stderr, no traceback, for what the user can fix or caused.
-
-    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. A file that cannot be written
-    (WriteFailed: "cannot write PATH (No space left on device)"): exit 1. Out of memory: exit 3, with the first
-    line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
-    Anything else is a bug and keeps its traceback.
-    """
-    if issubclass(kind, BadImage):
-        # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
-        die(str(value).strip().splitlines()[-1].removeprefix(f"{BadImage.__module__}.BadImage: "))
-    if issubclass(kind, WriteFailed):
-        die(str(value), code=1)
-    if _is_out_of_memory(kind, value):
-        die(f"out of memory ({first_line(value)}); lower --batch-size (or --image-size, --workers)", code=3)
-    if issubclass(kind, KeyboardInterrupt):
-        die("interrupted (Ctrl-C); with --checkpoint-dir, add --resume to continue from the last checkpoint", code=130)
-    sys.__excepthook__(kind, value, traceback)
-
-
-def install_error_hook() -> None:
-    """Make `_report_user_errors` the process's sys.excepthook (the scripts do it through `parse_args`)."""
-    sys.excepthook = _report_user_errors

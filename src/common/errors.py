@@ -1,9 +1,12 @@
-"""One-line errors: what a script prints when the user can fix the problem, instead of a traceback."""
+"""One-line errors: what a script prints when the user can fix the problem, instead of a traceback: `die`, and the
+process's excepthook (`install_error_hook`, which `cli.parse_args` installs) for the failures raised deep inside."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+
+import torch
 
 
 def first_line(error: BaseException) -> str:
@@ -16,3 +19,38 @@ def die(message: str, code: int = 2) -> None:
     """Print `message` as one line on stderr, prefixed with the script name, and exit with `code` (no traceback)."""
     print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr, flush=True)
     raise SystemExit(code)
+
+
+def is_out_of_memory(kind, value) -> bool:
+    """MemoryError, torch.OutOfMemoryError (CUDA), or the CPU allocator's RuntimeError "can't allocate memory"."""
+    return issubclass(kind, (MemoryError, torch.OutOfMemoryError)) or (
+        issubclass(kind, RuntimeError) and ("can't allocate memory" in str(value) or "out of memory" in str(value))
+    )
+
+
+def _report_user_errors(kind, value, traceback) -> None:
+    """sys.excepthook: one line on stderr, no traceback, for what the user can fix or caused.
+
+    A BadImage (raised here or re-raised from a DataLoader worker): exit 2. A file that cannot be written
+    (WriteFailed: "cannot write PATH (No space left on device)"): exit 1. Out of memory: exit 3, with the first
+    line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
+    Anything else is a bug and keeps its traceback.
+    """
+    from .images import BadImage  # (they import this module)
+    from .io import WriteFailed
+
+    if issubclass(kind, BadImage):
+        # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
+        die(str(value).strip().splitlines()[-1].removeprefix(f"{BadImage.__module__}.BadImage: "))
+    if issubclass(kind, WriteFailed):
+        die(str(value), code=1)
+    if is_out_of_memory(kind, value):
+        die(f"out of memory ({first_line(value)}); lower --batch-size (or --image-size, --workers)", code=3)
+    if issubclass(kind, KeyboardInterrupt):
+        die("interrupted (Ctrl-C); with --checkpoint-dir, add --resume to continue from the last checkpoint", code=130)
+    sys.__excepthook__(kind, value, traceback)
+
+
+def install_error_hook() -> None:
+    """Make `_report_user_errors` the process's sys.excepthook (the scripts do it through `parse_args`)."""
+    sys.excepthook = _report_user_errors

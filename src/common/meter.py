@@ -235,6 +235,51 @@ class Meter:
         }
 
 
+class StageClock:
+    """A pipeline stage's bubble: the share of each step in which this stage computed nothing. Hooks on the stage's
+    `module` time what it computes: each forward between its pre- and post-hooks; each backward from its output's
+    gradient (the first thing the stage computes in it) to the last gradient accumulated into a parameter. Use:
+    `clock.begin_step()` before the schedule runs a step, `clock.end_step()` after it, and `idle_share(warmup_steps)`
+    at the end: the median over the steps after the warm-up of 1 - computing seconds / the step's seconds (a
+    fraction; None without a step). On CUDA every hook synchronises `device` (kernels run asynchronously), which
+    serialises the work it times: there the bubble is that of a slowed schedule."""
+
+    def __init__(self, module: torch.nn.Module, device: torch.device):
+        self.device, self.idle = device, []  # idle: per step, 1 - computing / the step's seconds
+        self.busy, self.start, self.end, self.step_start = 0.0, None, None, None
+        module.register_forward_pre_hook(lambda *_: self._begin())
+        module.register_forward_hook(self._forward_done)
+        for p in module.parameters():
+            p.register_post_accumulate_grad_hook(lambda _: setattr(self, "end", self._now()))
+
+    def _now(self) -> float:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
+    def _begin(self, *_) -> None:  # a forward or a backward starts: the backward before it ended at its last gradient
+        if self.start is not None and self.end is not None:
+            self.busy += self.end - self.start
+        self.start, self.end = self._now(), None
+
+    def _forward_done(self, module, inputs, output) -> None:
+        self.busy += self._now() - self.start
+        self.start = None
+        if output.requires_grad:  # its gradient arrives when this stage's backward of the micro-batch starts
+            output.register_hook(self._begin)
+
+    def begin_step(self) -> None:
+        self.busy, self.start, self.end, self.step_start = 0.0, None, None, self._now()
+
+    def end_step(self) -> None:
+        self._begin()  # closes the last backward
+        self.idle.append(1 - self.busy / (self._now() - self.step_start))
+        self.start = None
+
+    def idle_share(self, warmup_steps: int) -> float | None:
+        return statistics.median(self.idle[warmup_steps:] or self.idle) if self.idle else None
+
+
 BLOCKS = 5  # blocks of the measured steps for step_ms_blocked: 30 steps make blocks of 6
 
 
@@ -277,16 +322,17 @@ def memory_stats() -> dict:
     }
 
 
-def gather_summary(summary: dict) -> dict:
+def gather_summary(summary: dict, same_images: bool = False) -> dict:
     """A `Meter.summary()` made global over the ranks of the default process group (every rank must call it):
-    images/s summed (each rank measured its own share), peak memory the maximum over ranks, `peak_mem_per_device`
-    every rank's devices (with their rank), data-wait, step times, activation_mib and flops_per_image those of this
-    rank (every rank trains the same model on as many images a step)."""
+    images/s summed (each rank measured its own share; with `same_images`, where every rank trains on every image of
+    the batch, as in tensor and pipeline parallelism, the slowest rank's), peak memory the maximum over ranks,
+    `peak_mem_per_device` every rank's devices (with their rank), data-wait, step times, activation_mib and
+    flops_per_image those of this rank. images_per_s_per_rank keeps each rank's."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, summary)
     merged = dict(summary)
     rates = [r["images_per_s"] for r in per_rank]
-    merged["images_per_s"] = sum(rates) if None not in rates else None
+    merged["images_per_s"] = (min if same_images else sum)(rates) if None not in rates else None
     merged["images_per_s_per_rank"] = rates
     for key in ["peak_mem_allocated_gib", "peak_mem_reserved_gib", "peak_host_rss_gib"]:
         merged[key] = max((r[key] for r in per_rank if r[key] is not None), default=None)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .runstate import RUN
+from .seeding import seed_worker
 
 
 class Preemption:
@@ -33,8 +35,8 @@ class Preemption:
     measured (bench/preemption_cost.py, results/preemption-cost-2026-11-25/): 563 us a call on 2 CPU processes, 0.69 %
     of train_DDP.py's 82 ms small-CNN step, and 5 interleaved pairs of runs with and without it differ by 0.92x to
     1.18x, so it is not measurable in images/s: it runs at every step, where a signal is seen soonest. DataLoader
-    workers ignore SIGTERM (`seed_worker`): a signal sent to the
-    whole process group (Slurm, `timeout`) must not kill them under a main process that is still finishing its step.
+    workers ignore SIGTERM from other processes (`init_worker`): a signal sent to the whole process group (Slurm,
+    `timeout`) must not kill them under a main process that is still finishing its step.
     """
 
     def __init__(self, master: bool | None = None):
@@ -90,3 +92,20 @@ class Preemption:
                 f"{Path(sys.argv[0]).name}: terminated by SIGTERM at step {step}; {where}", file=sys.stderr, flush=True
             )
         raise SystemExit(143)
+
+
+def init_worker(worker_id: int) -> None:
+    """DataLoader `worker_init_fn`: `seed_worker` (NumPy and `random` seeded from torch's per-worker seed), and
+    SIGTERM from any process but the main one ignored. Slurm signals every process of a job and `timeout` its process
+    group: the workers must not die of it while the main process finishes its step and saves (`Preemption`); the main
+    process's own SIGTERM to them, at its exit, still ends them (as torch's handler in torch/csrc/DataLoader.cpp
+    would). The signal is blocked, and a thread waits for it, which tells who sent it."""
+    seed_worker(worker_id)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    threading.Thread(target=_exit_on_sigterm_from, args=(os.getppid(),), daemon=True).start()
+
+
+def _exit_on_sigterm_from(parent: int) -> None:
+    while True:
+        if signal.sigwaitinfo({signal.SIGTERM}).si_pid == parent:
+            os._exit(0)

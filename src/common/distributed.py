@@ -1,0 +1,97 @@
+"""What the scripts that run under torchrun without teaching it share: train_DDP.py's set-up in one function (as
+pytorch/examples' `ddp_setup()`), and the whole state of a model sharded over the ranks, gathered and written by
+rank 0 and read back into the shards (as torchtitan's checkpointer). train_DDP.py keeps its set-up in the script:
+it is that lesson; FSDP's sharded save (torch.distributed.checkpoint) stays in train_FSDP.py, its lesson."""
+
+import argparse
+import os
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from .checkpoint import save_checkpoint
+from .errors import die
+
+
+def setup(device: torch.device, example: str) -> tuple[torch.device, int, int]:
+    """train_DDP.py's torchrun set-up: LOCAL_RANK, RANK and WORLD_SIZE from torchrun's environment; on CUDA this
+    process's GPU (cuda:LOCAL_RANK, made current before the process group so that NCCL binds it), on a CPU this
+    process's share of the cores (cores / LOCAL_WORLD_SIZE threads); then the default process group, nccl on CUDA
+    and gloo on a CPU, which meets the others through MASTER_ADDR / MASTER_PORT. Returns (device, rank, world_size).
+    One line on stderr and exit 2 (errors.die) when torchrun did not start this process (`example`: the torchrun
+    line to suggest) or when LOCAL_RANK has no GPU."""
+    if "LOCAL_RANK" not in os.environ:
+        die(f"launch with torchrun, e.g. `{example}`")
+    local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if device.type == "cuda":
+        if local_rank >= torch.cuda.device_count():
+            die(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node")
+        device = torch.device("cuda", local_rank)
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return device, rank, world_size
+
+
+def save_full_state(
+    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, optimizer, epochs_done: int, step: int, **extra
+) -> bool:
+    """Write `checkpoint` (last.pt) as train.py writes it, from a model whose parameters are DTensors sharded over
+    the ranks (FSDP2's fully_shard, tensor parallelism): every rank must call it (the shards are all-gathered onto
+    rank 0's host memory, `full_state_dict=True, cpu_offload=True`), rank 0 writes. "model" holds whole float32
+    tensors under train.py's keys, so train.py's model loads it; with an `optimizer`, "full_optimizer" holds its
+    state keyed by parameter name (load_full_state reads it back). `extra` goes into the file as it is. Returns what
+    save_checkpoint returns on rank 0 (whether the file was written), False on the other ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None:
+        model_state = get_model_state_dict(model, options=options)
+    else:
+        model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
+        extra["full_optimizer"] = optimizer_state
+    if dist.get_rank() != 0:
+        return False
+    return save_checkpoint(checkpoint, args, model_state, None, epochs_done, step, **extra)
+
+
+def load_full_state(state: dict, model: torch.nn.Module, optimizer, lr: float, total_steps: int) -> None:
+    """Load a file that save_full_state wrote (`state`, already read and checked by load_checkpoint) into a sharded
+    `model` and its `optimizer`: every rank reads the whole tensors and keeps its shards of them. A one-cycle
+    schedule of `lr` over `total_steps` is built and dropped first, so that the param groups have the keys
+    (initial_lr, max_lr ...) the saved ones have, as on a fresh start."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=lr, total_steps=total_steps)
+    options = StateDictOptions(full_state_dict=True)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["full_optimizer"], options=options
+    )
+
+
+def sync_stages(stage_blocks: list[list[torch.nn.Module]]) -> None:
+    """Pipeline stages, one per rank in rank order, rank r training the blocks `stage_blocks[r]` of one model that
+    every rank built: every stage but the last broadcasts its blocks' weights and buffers in place, so that the last
+    rank holds the whole model, trained (to evaluate it or to write it). Every rank must call it (collectives)."""
+    for owner, owned in enumerate(stage_blocks[:-1]):
+        for block in owned:
+            for tensor in block.state_dict().values():  # they share storage with the block's own tensors
+                dist.broadcast(tensor, src=owner)
+
+
+def save_stages(
+    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, stage_blocks: list, optimizer, epochs_done: int,
+    step: int,
+) -> bool:  # fmt: skip
+    """last.pt of a pipeline (see sync_stages): the whole `model` as train.py saves it, which train.py's model loads,
+    and "stage_optimizers", each stage's optimizer state by rank (checkpoint.load_part reads a rank's back); the last
+    rank writes it. Every rank must call it. Returns what save_checkpoint returns on the last rank (whether the file
+    was written), False on the others."""
+    sync_stages(stage_blocks)
+    stage_optimizers = [None] * dist.get_world_size()
+    dist.all_gather_object(stage_optimizers, optimizer.state_dict())
+    if dist.get_rank() != dist.get_world_size() - 1:
+        return False
+    return save_checkpoint(checkpoint, args, model, None, epochs_done, step, stage_optimizers=stage_optimizers)
