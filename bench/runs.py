@@ -44,6 +44,7 @@ RUN_FIELDS = [
     "compile_s",
     "time_to_target_incl_compile_s",
     "allreduces_per_step",
+    "allreduce_mib_per_step",  # train_DDP_comm_hooks.py: the size of what each rank all-reduces in a step
     "step_ms_p50",
     "step_ms_p90",
     "step_ms_blocked",  # the median block's mean step time (common.meter.blocked): what pairs compare

@@ -192,6 +192,8 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                     "status": status_cell(r),
                 }
             )
+            if "allreduce_mib_per_step" in rows and rows["allreduce_mib_per_step"].notna().any():  # comm hooks
+                table[-1]["all-reduced per step (MiB)"] = fmt(r.get("allreduce_mib_per_step"), ".2f")
             if "bubble_theory" in rows and rows["bubble_theory"].notna().any():  # a pipeline row: its idle share
                 table[-1]["pipeline bubble (measured / theory)"] = (
                     f"{fmt(r.get('bubble_measured'), '.0%')} / {fmt(r.get('bubble_theory'), '.0%')}"
@@ -207,6 +209,12 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                 " A pipeline's bubble: the share of a step its stages sat idle (measured by hooks, the mean over the "
                 "stages) against the theory's (p - 1) / (m + p - 1)."
                 if "pipeline bubble (measured / theory)" in table[-1]
+                else ""
+            )
+            + (
+                " All-reduced per step: the size of what each process hands to its all-reduces in one step (the "
+                "gradients, 4 bytes an element in float32, 2 in bfloat16 / float16; PowerSGD's low-rank factors)."
+                if "all-reduced per step (MiB)" in table[-1]
                 else ""
             )
             + "\n\n"

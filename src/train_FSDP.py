@@ -52,8 +52,8 @@ args = common.parse_args(parser)
 if args.param_dtype == "bfloat16" and args.model not in ("vit", "mlp"):  # new #
     parser.error(f"--param-dtype bfloat16 needs a model without BatchNorm (vit, mlp), not {args.model}")  # new #
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
+script = os.path.basename(__file__)  # this file's name, in its messages
 if "LOCAL_RANK" not in os.environ:
-    script = os.path.basename(__file__)
     common.die(f"launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/{script} --device cpu` (no RANK set)")
 local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
@@ -110,7 +110,7 @@ model = common.build_model(args.model, *common.input_shape(args)).to(device)
 if args.sync_bn and device.type == "cuda":
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over the global batch
 elif args.sync_bn and master:
-    print("train_FSDP.py: --sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); BatchNorm per process", flush=True)
+    print(f"{script}: --sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); BatchNorm per process", flush=True)
 mesh = init_device_mesh(device.type, (world_size,))  # 1-D: every parameter split in world_size shards (dim 0)
 param_dtype = getattr(torch, args.param_dtype)
 mp_policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)  # gradients averaged in float32

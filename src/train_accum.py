@@ -42,8 +42,8 @@ parser.add_argument(  # new #
 )
 args = common.parse_args(parser)
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
+script = os.path.basename(__file__)  # this file's name, in its messages
 if "LOCAL_RANK" not in os.environ:
-    script = os.path.basename(__file__)
     common.die(f"launch with torchrun, e.g. `torchrun --nproc-per-node 2 src/{script} --device cpu` (no RANK set)")
 local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
@@ -92,7 +92,7 @@ model = common.build_model(args.model, *common.input_shape(args)).to(device)
 if args.sync_bn and device.type == "cuda":
     model = nn.SyncBatchNorm.convert_sync_batchnorm(model)  # batch statistics over the global batch
 elif args.sync_bn and master:
-    print("train_DDP.py: --sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); BatchNorm per process", flush=True)
+    print(f"{script}: --sync-bn needs CUDA (SyncBatchNorm has no CPU kernel); BatchNorm per process", flush=True)
 model = DDP(model, device_ids=[local_rank] if device.type == "cuda" else None)
 # new # end
 # new # begin: count DDP's gradient all-reduces (one per bucket per synchronised backward), to show what no_sync saves

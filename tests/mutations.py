@@ -129,6 +129,18 @@ MUTATIONS = [
      "resume from a SIGTERM mid-epoch restarts stage 0 from stale weights",
      "src/common/distributed.py", "    sync_stages(stage_blocks)\n    stage_optimizers", "    stage_optimizers",
      EQ + "test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights[pipeline]"),
+    ("train_DDP_comm_hooks.py", "a hand-written bfloat16 hook that sums the buckets without dividing by the world size",
+     "src/train_DDP_comm_hooks.py",
+     '    model.register_comm_hook(None, getattr(default_hooks, f"{args.comm_hook}_compress_hook"))\n',
+     "    def summed(_, bucket):\n"
+     "        half = bucket.buffer().to(torch.bfloat16)\n"
+     "        done = dist.all_reduce(half, async_op=True).get_future()\n"
+     "        return done.then(lambda f: bucket.buffer().copy_(f.value()[0]))\n\n"
+     "    model.register_comm_hook(None, summed)\n",
+     EQ + "test_comm_hooks_change_only_what_each_bucket_is_on_the_wire"),
+    ("train_DDP_comm_hooks.py", "PowerSGD's warm-up flag ignored: compression from the second step",
+     "src/train_DDP_comm_hooks.py", "start_powerSGD_iter=args.powersgd_start_iter", "start_powerSGD_iter=2",
+     EQ + "test_comm_hooks_change_only_what_each_bucket_is_on_the_wire"),
     ("loader_DALI.py", "DALI's per-epoch shuffle off: every epoch the first one's order", "src/loader_DALI.py",
      "        shuffle_after_epoch=training,", "        shuffle_after_epoch=False,",
      EQ + "test_every_epoch_is_a_fresh_permutation_of_the_files[src/loader_DALI.py]"),

@@ -58,6 +58,7 @@ CHAINS = {
     "train_DP.py": "train.py",
     "train_DDP.py": "train.py",
     "train_DDP_elastic.py": "train_DDP.py",
+    "train_DDP_comm_hooks.py": "train_DDP.py",
     "train_accum.py": "train_DDP.py",
     "train_FSDP.py": "train_DDP.py",
     "train_activation_checkpointing.py": "train.py",
