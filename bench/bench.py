@@ -327,8 +327,9 @@ def main() -> None:
                 file=sys.stderr,
                 flush=True,
             )
-        write_csv(pd.DataFrame(runs.rows), out / "runs.csv")
-        summary = write_tables(out, pd.DataFrame(runs.rows), matrix, env, profile)
+        frame = pd.DataFrame(runs.rows)
+        write_csv(frame, out / "runs.csv")
+        summary = write_tables(out, frame, matrix, env, profile)
     if stop.signal is not None:
         raise SystemExit(128 + stop.signal)  # the shell's code for a signal: 130 for Ctrl-C, 143 for SIGTERM, 129 HUP
     failed = (summary.status != "ok") & (summary.status != "skipped")

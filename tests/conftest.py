@@ -64,7 +64,7 @@ def torchrun(*argv, env=None, timeout=600) -> subprocess.CompletedProcess:
     """Run `torchrun argv...` from the repository root (see torchrun_command); the finished process, text output.
     torchrun's agent itself runs in a child of the zygote too (torch/distributed/run.py as the script), where it can."""
     command, env = torchrun_command(*argv, env=env)
-    agent = [importlib.util.find_spec("torch.distributed.run").origin, *command[3:]]
+    agent = [importlib.util.find_spec("torch.distributed.run").origin, *command[len(TORCHRUN) :]]
     if _forkable(agent, env):
         return _zygote_run(agent, {**env, "PYTHONUNBUFFERED": "1"}, timeout)
     return subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
