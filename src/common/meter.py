@@ -5,12 +5,16 @@ from __future__ import annotations
 import resource
 import statistics
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
 GIB = 1024**3
+# FlopCounterMode tracks modules with global forward hooks while it counts one step; a torch.compile'd model called
+# then warns that such hooks fire twice. They only label the per-module breakdown, which the meter does not read.
+warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks on modules")
 
 
 class Meter:
