@@ -29,7 +29,7 @@ PROFILE_KEYS = {
 RUN_KEYS = {
     "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
     "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob", "same_as", "skip",
-    "paired",
+    "paired", "env",
 }  # fmt: skip
 
 
@@ -115,12 +115,17 @@ def _known_keys_only(entry, known: set[str], at: str) -> None:
 
 
 def _check_values(entry: dict, at: str) -> None:
-    """args / without_bf16 lists of strings or numbers; repeats, timeout_s, min_gpus positive integers."""
+    """args / without_bf16 lists of strings or numbers; env a table of strings; repeats, timeout_s, min_gpus positive
+    integers."""
     for key in ("args", "without_bf16"):
         if key in entry and not (
             isinstance(entry[key], list) and all(isinstance(a, str | int | float) for a in entry[key])
         ):
             fail(f'{at}: {key} must be a list of flags, e.g. ["--epochs", "1"], got {entry[key]!r}')
+    if "env" in entry and not (
+        isinstance(entry["env"], dict) and all(isinstance(v, str) for v in entry["env"].values())
+    ):
+        fail(f'{at}: env must be a table of strings, e.g. {{TORCHINDUCTOR_FORCE_DISABLE_CACHES = "1"}}')
     for key in ("repeats", "timeout_s", "min_gpus"):
         if key in entry and not (isinstance(entry[key], int) and not isinstance(entry[key], bool) and entry[key] > 0):
             fail(f"{at}: {key} must be a positive integer, got {entry[key]!r}")

@@ -206,12 +206,13 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
     metrics.parent.mkdir(parents=True, exist_ok=True)
     metrics.unlink(missing_ok=True)
     argv = command(run, metrics, python, gpus)
-    row = {"config": run["name"], "repeat": repeat, "log": str(log.relative_to(out)), "command": " ".join(argv)}
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    shown = " ".join([*(f"{k}={v}" for k, v in run.get("env", {}).items()), *argv])  # the command line, as typed
+    row = {"config": run["name"], "repeat": repeat, "log": str(log.relative_to(out)), "command": shown}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.get("env", {})}
     started = time.perf_counter()
     rc = None
     with open(log, "w") as f:
-        f.write("$ " + " ".join(argv) + "\n")
+        f.write(f"$ {shown}\n")
         f.flush()
         if stop.signal is None:
             # A new session, so that a timeout or a stop kills the whole process group (DataLoader workers,

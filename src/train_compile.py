@@ -10,6 +10,7 @@ goes to small elementwise ops and casts: for a conv net with batch norm on a CPU
     python src/train_compile.py                                      # float16 + NHWC + compile on CUDA
     python src/train_compile.py --compile-mode max-autotune          # longer compile, autotuned kernels
     TORCH_LOGS=recompiles,graph_breaks python src/train_compile.py  # why a graph broke or recompiled
+    python src/train_compile.py --model gpt --compile-regions         # one block compiled, reused by every block
     python src/train_compile.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100
     diff src/train_channels_last.py src/train_compile.py            # only the lines marked `# new #`
 
@@ -41,6 +42,11 @@ parser.add_argument(  # new #
     choices=["default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"],
     default="default",
     help="torch.compile's mode: reduce-overhead adds CUDA graphs, max-autotune benchmarks kernels (slower to compile)",
+)
+parser.add_argument(  # new #
+    "--compile-regions",
+    action="store_true",
+    help="regional compile: compile one transformer block (ViT, GPT) and reuse it for every block, not the whole model",
 )
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
@@ -106,7 +112,16 @@ for hook in hooks:
 if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
     common.die("a convolution's input is not channels_last: a .contiguous() or .reshape turned it back to NCHW")
 # new # end
-compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)  # new # `model` stays eager: eval, checkpoints
+# new # begin: the compiled model for the training step; `model` stays eager for evaluation and checkpoints
+if not args.compile_regions:
+    compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)
+else:  # regional: the blocks are one class, so Dynamo compiles the first and reuses its graph for the others, and the
+    # compile no longer grows with the depth (torchtitan compiles per block); embedding and head run eagerly
+    if args.model not in ("vit", "gpt", "gpt2"):
+        common.die(f"--compile-regions compiles repeated transformer blocks (vit, gpt, gpt2), not {args.model}")
+    regions = [torch.compile(m, mode=args.compile_mode, dynamic=False) if m in model.blocks else m for m in model]
+    compiled = nn.Sequential(*regions)  # the model's own children and parameters: ViT and GPT are Sequentials
+# new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
 scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
@@ -206,6 +221,7 @@ common.report(
     graphs_compiled=graphs,  # new # 1: compiled once, at the first step; more: graph breaks or recompiles
     recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
+    compiled_blocks=len(model.blocks) if args.compile_regions else None,  # new # regions sharing the graph(s)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
 if args.model in common.TEXT_MODELS and preemption.stopped_at is None:  # a language model shows what it learned

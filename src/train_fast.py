@@ -44,6 +44,11 @@ parser.add_argument(  # new #
     help="torch.compile's mode: reduce-overhead adds CUDA graphs, max-autotune benchmarks kernels (slower to compile)",
 )
 parser.add_argument(  # new #
+    "--compile-regions",
+    action="store_true",
+    help="regional compile: compile one transformer block (ViT, GPT) and reuse it for every block, not the whole model",
+)
+parser.add_argument(  # new #
     "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
 )
 parser.add_argument(  # new #
@@ -236,7 +241,16 @@ for hook in hooks:
 if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
     common.die("a convolution's input is not channels_last: a .contiguous() or .reshape turned it back to NCHW")
 # new # end
-compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)  # new # `model` stays eager: eval, checkpoints
+# new # begin: the compiled model for the training step; `model` stays eager for evaluation and checkpoints
+if not args.compile_regions:
+    compiled = torch.compile(model, mode=args.compile_mode, dynamic=False)
+else:  # regional: the blocks are one class, so Dynamo compiles the first and reuses its graph for the others, and the
+    # compile no longer grows with the depth (torchtitan compiles per block); embedding and head run eagerly
+    if args.model not in ("vit", "gpt", "gpt2"):
+        common.die(f"--compile-regions compiles repeated transformer blocks (vit, gpt, gpt2), not {args.model}")
+    regions = [torch.compile(m, mode=args.compile_mode, dynamic=False) if m in model.blocks else m for m in model]
+    compiled = nn.Sequential(*regions)  # the model's own children and parameters: ViT and GPT are Sequentials
+# new # end
 criterion = nn.CrossEntropyLoss()
 fused = "fused-adamw" not in args.without  # new #
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=fused)  # new # fewer kernels
@@ -338,6 +352,7 @@ common.report(
     graphs_compiled=graphs,  # new # 1: compiled once, at the first step; more: graph breaks or recompiles
     recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
+    compiled_blocks=len(model.blocks) if args.compile_regions else None,  # new # regions sharing the graph(s)
     loader=f"DALI {'mixed' if device.type == 'cuda' else 'cpu'}" if args.dataset == "imagefolder" else None,  # new #
     workers=args.threads or max(1, args.workers) if args.dataset == "imagefolder" else None,  # new # DALI threads
     image_size=common.input_shape(args)[1] if args.dataset == "imagefolder" else None,  # new # the crop side

@@ -81,6 +81,12 @@ MUTATIONS = [
     ("train_compile.py", "compile bypassed: the loop calls the eager model", "src/train_compile.py",
      "            logits = compiled(images)  # new #", "            logits = model(images)  # new #",
      EQ + "test_compile_follows_the_eager_loss_step_by_step_and_saves_the_eager_keys"),
+    ("train_compile.py", "regional compile: torch.compile's returned block dropped (it does not compile in place)",
+     "src/train_compile.py",
+     "    regions = [torch.compile(m, mode=args.compile_mode, dynamic=False) if m in model.blocks else m for m in model]\n",
+     "    for block in model.blocks:\n        torch.compile(block, mode=args.compile_mode, dynamic=False)\n"
+     "    regions = list(model)\n",
+     GPT + "test_regional_compile_one_graph_serves_every_block"),
     ("train_fast.py", "the device loader shuffles on its own instead of with the base's sampler", "src/train_fast.py",
      "batch_size=args.batch_size, sampler=sampler, drop_last=True", "batch_size=args.batch_size, shuffle=True, drop_last=True",
      EQ + "test_fast_without_fused_adamw_is_train_compile_bit_for_bit_and_with_it_one_rounding_away"),

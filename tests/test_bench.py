@@ -315,3 +315,18 @@ def test_a_busy_machine_is_noticed_re_run_and_never_turned_into_a_verdict(tmp_pa
     assert 2 <= len(reruns) <= 2  # each disturbed pair re-ran once; `reruns` bounds them
     assert not {log(j) for j in [*reruns.row_job, *reruns.reference_job]} & {"T-r2", "T-again-r3"}
     assert "left out" in (out / "table.md").read_text() or "disturbed" in (out / "table.md").read_text()
+
+
+def test_a_row_s_env_reaches_its_process_and_its_command_line(tmp_path):
+    """`env` of a row is set in the run's process (here WORLD_SIZE=2, which train_fast.py refuses in one line) and
+    shown before the command in its log and in runs.csv; a non-string value is refused before anything runs."""
+    run_ = {"name": "env", "script": "src/train_fast.py", "args": ["--device", "cpu"], "launcher": "python",
+            "timeout_s": 120, "env": {"WORLD_SIZE": "2"}}  # fmt: skip
+    with runs.Stop() as stop:
+        row = runs.execute(run_, 1, tmp_path, sys.executable, 0, stop)
+    log = (tmp_path / row["log"]).read_text()
+    assert row["status"] == "failed" and "train_fast.py is a single-process script" in log
+    assert log.startswith("$ WORLD_SIZE=2 ") and row["command"].startswith("WORLD_SIZE=2 ")
+    matrix = _matrix(tmp_path, '\n[[t.runs]]\nname = "bad"\nscript = "src/train.py"\nenv = {WORLD_SIZE = 2}\n')
+    with pytest.raises(SystemExit):
+        profiles.load_profile(matrix, "t")

@@ -96,6 +96,11 @@ def test_device_cuda_without_cuda_is_one_line(script):
     assert_one_line_error(proc, "--device cuda was given but torch sees no CUDA GPU", "use --device cpu")
 
 
+def test_regional_compile_of_a_model_without_repeated_blocks_is_one_line():
+    proc = run("src/train_compile.py", "--compile-regions", "--model", "mlp", "--max-steps", "1", timeout=120)
+    assert_one_line_error(proc, "--compile-regions compiles repeated transformer blocks", "not mlp")
+
+
 @no_cuda
 def test_ddp_device_cuda_without_cuda_is_one_line_from_the_worker():
     proc = torchrun("src/train_DDP.py", "--device", "cuda", "--subset", "1024")
