@@ -58,6 +58,9 @@ RUN_FIELDS = [
     "achieved_tflops",
     "graphs_compiled",
     "recompiled_steps",
+    "compiled_blocks",  # train_compile.py --compile-regions: the blocks sharing the compiled graph
+    "checkpoints",  # train_FSDP.py: its sharded saves, and the seconds its training loop stood still for them
+    "checkpoint_s",
     "params",
     "params_per_rank",
     "bubble_measured",
@@ -74,7 +77,9 @@ def command(run: dict, metrics: Path, python: str, gpus: int) -> list[str]:
     """The argv that runs `run` once and writes its metrics JSON to `metrics`."""
     script = str(REPO / run["script"])
     out = str(metrics.parent.parent.resolve())  # an argument may name the result folder as {out} (a trace's folder)
-    tail = [script, *(str(a).replace("{out}", out) for a in run["args"]), "--metrics-out", str(metrics)]
+    unique = f"{metrics.stem}-{time.strftime('%Y%m%d-%H%M%S')}"  # {run}: this run's own name, never an earlier one's
+    args = (str(a).replace("{out}", out).replace("{run}", unique) for a in run["args"])
+    tail = [script, *args, "--metrics-out", str(metrics)]
     if run["launcher"] == "torchrun":
         nproc = gpus if run.get("nproc") == "gpus" else int(run.get("nproc", 1))
         return [python, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *tail]

@@ -194,6 +194,11 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             )
             if "allreduce_mib_per_step" in rows and rows["allreduce_mib_per_step"].notna().any():  # comm hooks
                 table[-1]["all-reduced per step (MiB)"] = fmt(r.get("allreduce_mib_per_step"), ".2f")
+            if "compile_s" in rows and rows["compile_s"].notna().all():  # compiled rows only: whole or regional
+                table[-1]["compile (s)"] = fmt(r.get("compile_s"), ".1f")
+                table[-1]["graphs compiled"] = fmt(r.get("graphs_compiled"), ".0f")
+            if "checkpoint_s" in rows and rows["checkpoint_s"].notna().any():  # sync / async checkpoints
+                table[-1]["stall per checkpoint (s)"] = fmt(ratio_of(r.get("checkpoint_s"), r.get("checkpoints")), ".3f")
             if "bubble_theory" in rows and rows["bubble_theory"].notna().any():  # a pipeline row: its idle share
                 table[-1]["pipeline bubble (measured / theory)"] = (
                     f"{fmt(r.get('bubble_measured'), '.0%')} / {fmt(r.get('bubble_theory'), '.0%')}"
@@ -209,6 +214,17 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                 " A pipeline's bubble: the share of a step its stages sat idle (measured by hooks, the mean over the "
                 "stages) against the theory's (p - 1) / (m + p - 1)."
                 if "pipeline bubble (measured / theory)" in table[-1]
+                else ""
+            )
+            + (
+                " Compile: the first step's seconds, where torch.compile compiles (median over the runs)."
+                if "compile (s)" in table[-1]
+                else ""
+            )
+            + (
+                " Stall per checkpoint: the seconds rank 0's training loop stood still for each sharded save (an "
+                "async save: staging, and the wait for the one before)."
+                if "stall per checkpoint (s)" in table[-1]
                 else ""
             )
             + (

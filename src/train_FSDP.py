@@ -5,14 +5,16 @@ DDP keeps a whole replica on every rank: weights, gradients and AdamW's two mome
 block's forward and backward and freed after them, and its gradients reduce-scattered, so each rank steps only its
 shard of the optimizer state. It trains what DDP trains, for about 1.5 x DDP's communication: it pays when a model
 with its gradients and optimizer state does not fit one device. --param-dtype bfloat16 gathers and computes in
-bfloat16 (a MixedPrecisionPolicy). Checkpoints are sharded (torch.distributed.checkpoint, every rank writes its own);
-rank 0 also writes last.pt with the whole model, which train.py's model loads.
+bfloat16 (a MixedPrecisionPolicy). Checkpoints are sharded (torch.distributed.checkpoint, every rank writes its own;
+--async-checkpoint writes them in a background thread while training goes on); rank 0 also writes last.pt with the
+whole model, which train.py's model loads.
 
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --workers 1     # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node auto src/train_FSDP.py --model vit --param-dtype bfloat16     # one per GPU, else per core
     torchrun --nproc-per-node auto src/train_FSDP.py --model vit --dataset synthetic --batch-size 64 --max-steps 100
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck     # Ctrl-C it, then
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --resume
+    torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck2 --async-checkpoint
     diff src/train_DDP.py src/train_FSDP.py                                            # only the lines marked `# new #`
 
 More: docs/techniques/train_FSDP.md
@@ -21,6 +23,7 @@ More: docs/techniques/train_FSDP.md
 import itertools
 import os  # new #
 import shutil  # new #
+import time  # new #
 
 import torch
 import torch.distributed as dist  # new #
@@ -47,6 +50,11 @@ parser.add_argument(  # new #
     choices=["float32", "bfloat16"],
     default="float32",
     help="MixedPrecisionPolicy: the dtype blocks are gathered and run in (shards, optimizer, reduction: float32)",
+)
+parser.add_argument(  # new #
+    "--async-checkpoint",
+    action="store_true",
+    help="dcp.async_save: the shards are written by a background thread while training goes on (not on SIGTERM)",
 )
 args = common.parse_args(parser)
 if args.param_dtype == "bfloat16" and args.model not in ("vit", "mlp"):  # new #
@@ -159,18 +167,45 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # new # begin: every rank writes its shards (DCP), then rank 0 the full model and the pointer to them (last.pt)
 saved_step = step if step else None  # the step the checkpoint on disk holds (a resumed one's), on every rank
+# --async-checkpoint: the save in flight, and what rank 0 writes into last.pt once its shards are all on disk (a
+# last.pt that named shards still being written would be a checkpoint a crash leaves unreadable)
+pending, checkpoint_s, saves = None, 0.0, 0  # checkpoint_s: seconds the training loop stood still for checkpoints
+checkpoint_group = dist.new_group(backend="gloo") if args.async_checkpoint else None  # the writer thread's collectives
 
 
-def save_sharded(epochs_done: int) -> None:
-    global saved_step
-    saved_step, folder = step, f"sharded-step{step}"
+def save_sharded(epochs_done: int, wait: bool = False) -> None:
+    global saved_step, pending, checkpoint_s, saves
+    finish_save()  # the save before this one: on disk, and named in last.pt, before another starts
+    started = time.perf_counter()
+    saved_step, folder, saves = step, f"sharded-step{step}", saves + 1
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, keyed like train.py's
-    dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / folder)
-    # last.pt: the whole model, gathered onto rank 0, which train.py loads, and the name of the shards' folder
-    if common.distributed.save_full_state(checkpoint, args, model, None, epochs_done, step, sharded=folder):
+    shards, path = {"model": model_state, "optimizer": optimizer_state}, args.checkpoint_dir / folder
+    full = common.distributed.gather_full_state(model)  # last.pt's whole model, on rank 0 (train.py loads it)
+    if args.async_checkpoint and not wait:  # the shards copied to host memory now, written while training goes on
+        pending = (dcp.async_save(shards, checkpoint_id=path, process_group=checkpoint_group), full, epochs_done, step)
+        checkpoint_s += time.perf_counter() - started
+    else:
+        dcp.save(shards, checkpoint_id=path)
+        pending = (None, full, epochs_done, step)
+        checkpoint_s += time.perf_counter() - started
+        finish_save()
+
+
+def finish_save() -> None:
+    """Wait for the save in flight (every rank's shards and DCP's metadata on disk), then rank 0 writes last.pt."""
+    global pending, checkpoint_s
+    if pending is None:
+        return
+    started = time.perf_counter()
+    (writing, full, epochs_done, done_step), pending = pending, None
+    if writing is not None:
+        writing.result()  # raises what the writer thread raised
+    folder = f"sharded-step{done_step}"
+    if common.distributed.write_full_state(checkpoint, args, full, epochs_done, done_step, sharded=folder):
         for old in args.checkpoint_dir.glob("sharded-step*"):  # the new one is named in last.pt: the old ones go
             if old.name != folder:
                 shutil.rmtree(old, ignore_errors=True)
+    checkpoint_s += time.perf_counter() - started
 
 
 # new # end
@@ -206,6 +241,8 @@ for epoch in range(start_epoch, args.epochs):
         epoch_steps += 1
         loss_sum += loss.detach()
         meter.step(images.size(0))
+        if pending and pending[0].done():  # new # an async save is on disk: name it in last.pt now, not at the next
+            finish_save()  # new #
         if master and step % args.log_every == 0:  # new #
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
@@ -215,7 +252,7 @@ for epoch in range(start_epoch, args.epochs):
         # new # every rank writes its shards, unless last.pt's hold this step already (rewriting them in place would
         # new # put the only checkpoint at risk): a SIGTERM during an epoch-end save or right after a resume
         if checkpoint and step != saved_step:  # new #
-            save_sharded(epoch)  # new # `epoch` epochs finished
+            save_sharded(epoch, wait=True)  # new # `epoch` epochs finished; written before the process ends
         break
 
     # new # begin: BatchNorm's running statistics differ per rank (FSDP never broadcasts buffers; each rank's follow
@@ -242,6 +279,8 @@ for epoch in range(start_epoch, args.epochs):
     if step == total_steps:
         break
 
+finish_save()  # new # an async save still in flight: on disk and in last.pt before the process ends
+
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = common.gather_summary(meter.summary())  # new # images/s summed over ranks, peak memory the max
 if master:  # new #
@@ -256,6 +295,9 @@ if master:  # new #
         steps=step,
         params=params,  # new # the whole model's
         params_per_rank=params_per_rank,  # new # what rank 0 holds: about params / world_size
+        checkpoints=saves,  # new # sharded saves
+        checkpoint_s=checkpoint_s if saves else None,  # new # rank 0's seconds of training lost to them, in all
+        async_checkpoint=args.async_checkpoint,  # new #
         test_images=test_images,  # new # summed over the ranks' shards
     )
 dist.destroy_process_group()  # new # leave the group cleanly before exiting

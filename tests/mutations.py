@@ -90,6 +90,12 @@ MUTATIONS = [
     ("train_fast.py", "the device loader shuffles on its own instead of with the base's sampler", "src/train_fast.py",
      "batch_size=args.batch_size, sampler=sampler, drop_last=True", "batch_size=args.batch_size, shuffle=True, drop_last=True",
      EQ + "test_fast_without_fused_adamw_is_train_compile_bit_for_bit_and_with_it_one_rounding_away"),
+    ("train_FSDP.py", "async save: last.pt names the shards as their write starts, not once they are on disk",
+     "src/train_FSDP.py",
+     "        pending = (dcp.async_save(shards, checkpoint_id=path, process_group=checkpoint_group), full, epochs_done, step)\n",
+     "        dcp.async_save(shards, checkpoint_id=path, process_group=checkpoint_group)\n"
+     "        pending = (None, full, epochs_done, step)\n        finish_save()\n",
+     EQ + "test_fsdp_async_checkpoint_saves_the_synchronous_state_and_survives_a_kill_mid_write"),
     ("train_DP.py", "the checkpoint saved from the wrapper: module. prefix", "src/train_DP.py",
      "common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch + 1, step)",
      "common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step)",

@@ -540,6 +540,27 @@ def test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_
     assert [e["val_loss"] for e in restarted["metrics"]["epochs"]] == [fsdp["metrics"]["epochs"][-1]["val_loss"]]
 
 
+def test_fsdp_async_checkpoint_saves_the_synchronous_state_and_survives_a_kill_mid_write(tmp_path):
+    """train_FSDP.py --async-checkpoint vs the same without, SHARDED's 8 steps on 2 gloo ranks. Compared, bit for bit:
+    every weight (last.pt) and AdamW's first moments (the DCP shards last.pt names), written by the background thread
+    while epoch 2 trains: the state as it was at the save, not as training went on to change it. Then rank 0 is
+    killed (SIGKILL) right after the second async save starts (step 8, its shards being written): last.pt still names
+    step 4's shards, which were on disk, so the restarted run resumes there and ends bit for bit with the
+    uninterrupted one (a last.pt written as the write starts would name shards that may not exist)."""
+    sync = train(tmp_path / "sync", "src/train_FSDP.py", *SHARDED, nproc=2)
+    async_ = train(tmp_path / "async", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", nproc=2)
+    assert_identical(weights(async_), weights(sync))
+    moments = zip(fsdp_first_moments(async_), fsdp_first_moments(sync), strict=True)
+    assert all(torch.equal(a, b) for a, b in moments)
+    assert async_["metrics"]["async_checkpoint"] and async_["metrics"]["checkpoints"] == 2
+    assert [p.name for p in (tmp_path / "async").glob("sharded-step*")] == ["sharded-step8"]
+    probe = ("tests/crash_probe.py", "0:after-async-save:2:0", "--")  # attempt 0: rank 0 dies as step 8's save runs
+    killed = train(tmp_path / "killed", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", "--resume", nproc=2,
+                   restarts=1, probe=probe, env=RESTARTABLE)  # fmt: skip
+    assert "resumed from" in killed["stdout"] and "1 epochs and 4 steps done" in killed["stdout"]
+    assert_identical(weights(killed), weights(sync))
+
+
 def test_fsdp_two_ranks_of_128_on_fashion_mnist_take_the_steps_of_train_py_with_256_every_epoch(batch_of_256,
                                                                                                  tmp_path):  # fmt: skip
     """train_FSDP.py's Fashion-MNIST path, which the synthetic batches above never reach (its DistributedSampler):

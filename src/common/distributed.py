@@ -43,18 +43,35 @@ def save_full_state(
     rank 0's host memory, `full_state_dict=True, cpu_offload=True`), rank 0 writes. "model" holds whole float32
     tensors under train.py's keys, so train.py's model loads it; with an `optimizer`, "full_optimizer" holds its
     state keyed by parameter name (load_full_state reads it back). `extra` goes into the file as it is. Returns what
-    save_checkpoint returns on rank 0 (whether the file was written), False on the other ranks."""
+    save_checkpoint returns on rank 0 (whether the file was written), False on the other ranks. The same as
+    `write_full_state(..., gather_full_state(model, optimizer), ...)`, for a write that must wait (an async save)."""
+    return write_full_state(checkpoint, args, gather_full_state(model, optimizer), epochs_done, step, **extra)
+
+
+def gather_full_state(model: torch.nn.Module, optimizer=None) -> dict | None:
+    """The whole tensors of a sharded `model` (and `optimizer`) in rank 0's host memory: {"model": state dict under
+    train.py's keys[, "full_optimizer": keyed by parameter name]} on rank 0, None on the others. Every rank must call
+    it (all-gathers)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
 
     options = StateDictOptions(full_state_dict=True, cpu_offload=True)
     if optimizer is None:
-        model_state = get_model_state_dict(model, options=options)
+        gathered = {"model": get_model_state_dict(model, options=options)}
     else:
         model_state, optimizer_state = get_state_dict(model, optimizer, options=options)
-        extra["full_optimizer"] = optimizer_state
-    if dist.get_rank() != 0:
+        gathered = {"model": model_state, "full_optimizer": optimizer_state}
+    return gathered if dist.get_rank() == 0 else None
+
+
+def write_full_state(
+    checkpoint: Path, args: argparse.Namespace, gathered: dict | None, epochs_done: int, step: int, **extra
+) -> bool:
+    """Rank 0 writes what `gather_full_state` gave it to `checkpoint` (save_checkpoint: atomic, a failed write one
+    line and False); the other ranks (`gathered` None) write nothing and return False."""
+    if gathered is None:
         return False
-    return save_checkpoint(checkpoint, args, model_state, None, epochs_done, step, **extra)
+    state = dict(gathered)
+    return save_checkpoint(checkpoint, args, state.pop("model"), None, epochs_done, step, **state, **extra)
 
 
 def load_full_state(state: dict, model: torch.nn.Module, optimizer, lr: float, total_steps: int) -> None:
