@@ -6,8 +6,8 @@ faults injected at known moments, so that a restart test does not depend on timi
 In torchrun's attempt ATTEMPT (TORCHELASTIC_RESTART_COUNT, 0 for the first), the worker with RANK=RANK dies: with
 WHEN `after-save`, right after its N-th common.save_checkpoint call of that attempt returns (between two steps, with
 that checkpoint on disk); with `in-evaluate`, as its N-th common.evaluate call starts (during the evaluation that
-follows an epoch's last step); with `after-async-save`, right after its N-th torch.distributed.checkpoint.async_save
-call returns (the shards being written by the background thread). It dies by SIGKILL, as a preempted or OOM-killed worker does: no cleanup, no exception.
+follows an epoch's last step); with `in-async-write`, as the background thread of its N-th asynchronous DCP save
+(torch.distributed.checkpoint.async_save) starts writing the shards: the previous save whole on disk, this one not. It dies by SIGKILL, as a preempted or OOM-killed worker does: no cleanup, no exception.
 With WHEN `sigterm-at-step`, the worker instead gets SIGTERM at the step boundary after global step N (as the
 preemption check of step N + 1 starts), as a preempted job does: the script stops there, saves and exits 143.
 The script runs unchanged (runpy, as `__main__`); the common functions are observed, not replaced.
@@ -17,6 +17,7 @@ import os
 import runpy
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -29,7 +30,7 @@ import torch.distributed.checkpoint as dcp  # noqa: E402
 attempt, rank = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"), os.environ["RANK"]
 plan = [spec.split(":") for spec in sys.argv[1].split(",")]
 when, n = next(((w, int(k)) for a, w, k, r in plan if a == attempt and r == rank), (None, 0))  # this worker's fault
-calls = {"after-save": 0, "in-evaluate": 0, "after-async-save": 0}  # sigterm-at-step counts steps, not calls
+calls = {"after-save": 0, "in-evaluate": 0, "in-async-write": 0}  # sigterm-at-step counts steps, not calls
 
 
 def die() -> None:
@@ -52,12 +53,12 @@ def observed_evaluate(*args, **kwargs):
     return evaluate(*args, **kwargs)
 
 
-def observed_async_save(*args, **kwargs):
-    result = async_save(*args, **kwargs)
-    calls["after-async-save"] += 1
-    if when == "after-async-save" and calls["after-async-save"] == n:
-        die()
-    return result
+def observed_write_data(self, *args, **kwargs):
+    if threading.current_thread() is not threading.main_thread():  # an async save's writer (a sync save: the main)
+        calls["in-async-write"] += 1
+        if when == "in-async-write" and calls["in-async-write"] == n:
+            die()
+    return write_data(self, *args, **kwargs)
 
 
 class ObservedPreemption(common.Preemption):
@@ -72,7 +73,7 @@ class ObservedPreemption(common.Preemption):
 save_checkpoint, evaluate = common.save_checkpoint, common.evaluate
 common.save_checkpoint, common.evaluate = observed_save, observed_evaluate
 common.Preemption = ObservedPreemption
-async_save, dcp.async_save = dcp.async_save, observed_async_save
+write_data, dcp.FileSystemWriter.write_data = dcp.FileSystemWriter.write_data, observed_write_data
 script = str(REPO / sys.argv[sys.argv.index("--") + 1])
 sys.argv = [script, *sys.argv[sys.argv.index("--") + 2 :]]
 runpy.run_path(script, run_name="__main__")

@@ -541,12 +541,12 @@ def test_fsdp_matches_ddp_and_resumes_mid_epoch_from_its_sharded_checkpoint_bit_
 
 
 def test_fsdp_async_checkpoint_saves_the_synchronous_state_and_survives_a_kill_mid_write(tmp_path):
-    """train_FSDP.py --async-checkpoint vs the same without, SHARDED's 8 steps on 2 gloo ranks. Compared, bit for bit:
-    every weight (last.pt) and AdamW's first moments (the DCP shards last.pt names), written by the background thread
-    while epoch 2 trains: the state as it was at the save, not as training went on to change it. Then rank 0 is
-    killed (SIGKILL) right after the second async save starts (step 8, its shards being written): last.pt still names
-    step 4's shards, which were on disk, so the restarted run resumes there and ends bit for bit with the
-    uninterrupted one (a last.pt written as the write starts would name shards that may not exist)."""
+    """train_FSDP.py --async-checkpoint vs the same without, SHARDED's 8 steps on 2 gloo ranks: every weight (last.pt)
+    and AdamW's first moments (the DCP shards last.pt names) bit for bit. Then rank 0 is killed (SIGKILL) as the
+    background thread of the second async save (step 8) starts writing its shards: last.pt must still name step 4's,
+    which were written while epoch 2 trained; torchrun restarts both ranks, the run resumes from them and ends bit for
+    bit with the uninterrupted one (shards holding a later state than step 4's would not). A last.pt that named the
+    shards as their write started would name a folder the kill left without its metadata: no resume."""
     sync = train(tmp_path / "sync", "src/train_FSDP.py", *SHARDED, nproc=2)
     async_ = train(tmp_path / "async", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", nproc=2)
     assert_identical(weights(async_), weights(sync))
@@ -554,7 +554,7 @@ def test_fsdp_async_checkpoint_saves_the_synchronous_state_and_survives_a_kill_m
     assert all(torch.equal(a, b) for a, b in moments)
     assert async_["metrics"]["async_checkpoint"] and async_["metrics"]["checkpoints"] == 2
     assert [p.name for p in (tmp_path / "async").glob("sharded-step*")] == ["sharded-step8"]
-    probe = ("tests/crash_probe.py", "0:after-async-save:2:0", "--")  # attempt 0: rank 0 dies as step 8's save runs
+    probe = ("tests/crash_probe.py", "0:in-async-write:2:0", "--")  # attempt 0: rank 0 dies writing step 8's shards
     killed = train(tmp_path / "killed", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", "--resume", nproc=2,
                    restarts=1, probe=probe, env=RESTARTABLE)  # fmt: skip
     assert "resumed from" in killed["stdout"] and "1 epochs and 4 steps done" in killed["stdout"]
