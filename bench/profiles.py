@@ -133,7 +133,8 @@ def _check_values(entry: dict, at: str) -> None:
 
 def skip_reason(run: dict, gpus: int, bf16: bool = True) -> str | None:
     """Why `run` cannot run on this machine (`requires` "cuda" or "bf16": a CPU with bf16 instructions, `bf16`;
-    `min_gpus`; `skip`: a rung whose technique does not apply to the row's model, with the reason), or None."""
+    `min_gpus`; `skip`: a rung whose technique does not apply to the row's model, with the reason; a library its
+    env's LD_PRELOAD names that is not there), or None."""
     if run.get("skip"):
         return run["skip"]
     if run.get("requires") == "cuda" and gpus == 0:
@@ -142,4 +143,7 @@ def skip_reason(run: dict, gpus: int, bf16: bool = True) -> str | None:
         return "this CPU has no bf16 instructions (bf16 would run emulated, several times slower)"
     if gpus < run.get("min_gpus", 0):
         return f"needs ≥ {run['min_gpus']} GPUs, this machine has {gpus}"
+    missing = [lib for lib in run.get("env", {}).get("LD_PRELOAD", "").split() if not Path(lib).is_file()]
+    if missing:  # the loader would print an error, ignore the library and run with the default allocator: a lie
+        return f"LD_PRELOAD names {missing[0]}, which this machine does not have"
     return None

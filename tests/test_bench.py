@@ -330,3 +330,10 @@ def test_a_row_s_env_reaches_its_process_and_its_command_line(tmp_path):
     matrix = _matrix(tmp_path, '\n[[t.runs]]\nname = "bad"\nscript = "src/train.py"\nenv = {WORLD_SIZE = 2}\n')
     with pytest.raises(SystemExit):
         profiles.load_profile(matrix, "t")
+
+
+def test_a_row_preloading_a_missing_library_is_skipped_with_the_reason():
+    """An allocator row (env LD_PRELOAD) on a machine without the library is skipped, not run with glibc's malloc."""
+    run_ = {"name": "jemalloc", "env": {"LD_PRELOAD": "/nonexistent/libjemalloc.so.2"}}
+    assert profiles.skip_reason(run_, 0) == "LD_PRELOAD names /nonexistent/libjemalloc.so.2, which this machine does not have"
+    assert profiles.skip_reason({"name": "glibc", "env": {"OMP_NUM_THREADS": "1"}}, 0) is None
