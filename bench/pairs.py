@@ -177,10 +177,12 @@ def ratio_cell(ratios: list[float], floor: float | None, short: bool = False) ->
 
 
 def is_self_pair(comparison: Comparison, matrix: list[dict]) -> bool:
-    """Whether the comparison's row is a copy of its reference (same script and arguments): the noise floor's pair."""
+    """Whether the comparison's row is a copy of its reference (same script, arguments and environment variables):
+    the noise floor's pair. Rows that differ only in `env` (a thread count, an allocator) are not copies."""
     rows = {run["name"]: run for run in matrix}
     row, reference = rows.get(comparison.row), rows.get(comparison.reference)
-    return bool(row and reference) and (row["script"], row["args"]) == (reference["script"], reference["args"])
+    same = ("script", "args", "env")
+    return bool(row and reference) and all(row.get(key) == reference.get(key) for key in same)
 
 
 def run_speeds(runs, blocked: bool = True) -> dict[int, float]:

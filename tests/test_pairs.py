@@ -206,3 +206,14 @@ def test_a_ladder_product_stops_at_a_link_without_undisturbed_pairs_and_nothing_
     assert pd.isna(frame.loc[2, "speedup"]) and frame.loc[2, "speedup_verdict"] == "disturbed"
     skipped = pd.DataFrame([{"config": "T", "repeat": 1, "status": "skipped", "reason": "needs a GPU"}])
     assert pairs.run_speeds(skipped) == {} and pairs.reruns_due(skipped, [], 3, {}, 2) == []
+
+
+def test_rows_that_differ_only_in_their_environment_are_not_a_self_pair():
+    """An allocator or thread-count row runs the default row's script and arguments with another `env`: it is a
+    comparison, not a copy, and its ratios must not set the noise floor (a 0.58x thread row once set it to ±46 %)."""
+    base = {"name": "default", "script": "src/train.py", "args": [], "memory": "m", "baseline": "default"}
+    copy = {**base, "name": "again", "same_as": "default"}
+    threads = {**base, "name": "1 thread", "env": {"OMP_NUM_THREADS": "1"}}
+    matrix = [base, copy, threads]
+    found = {c.row: c for c in pairs.comparisons(matrix)}
+    assert pairs.is_self_pair(found["again"], matrix) and not pairs.is_self_pair(found["1 thread"], matrix)
