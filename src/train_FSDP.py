@@ -59,6 +59,8 @@ parser.add_argument(  # new #
 args = common.parse_args(parser)
 if args.param_dtype == "bfloat16" and args.model not in ("vit", "mlp"):  # new #
     parser.error(f"--param-dtype bfloat16 needs a model without BatchNorm (vit, mlp), not {args.model}")  # new #
+if args.async_checkpoint and args.checkpoint_dir is None:  # new # nothing would be saved, async or not
+    parser.error("--async-checkpoint needs --checkpoint-dir (the folder the checkpoints are written to)")  # new #
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 script = os.path.basename(__file__)  # this file's name, in its messages
 if "LOCAL_RANK" not in os.environ:

@@ -96,6 +96,11 @@ def test_device_cuda_without_cuda_is_one_line(script):
     assert_one_line_error(proc, "--device cuda was given but torch sees no CUDA GPU", "use --device cpu")
 
 
+def test_async_checkpoint_without_a_checkpoint_dir_is_one_line():
+    proc = run("src/train_FSDP.py", "--async-checkpoint", "--device", "cpu", timeout=120)
+    assert_one_line_error(proc, "--async-checkpoint needs --checkpoint-dir", "the folder")
+
+
 def test_regional_compile_of_a_model_without_repeated_blocks_is_one_line():
     proc = run("src/train_compile.py", "--compile-regions", "--model", "mlp", "--max-steps", "1", timeout=120)
     assert_one_line_error(proc, "--compile-regions compiles repeated transformer blocks", "not mlp")
