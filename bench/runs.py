@@ -29,6 +29,7 @@ CONFIG_FIELDS = [
     "gpus",
     "global_batch",
     "precision",
+    "ac_mode",  # train_activation_checkpointing.py: full or selective
 ]
 RUN_FIELDS = [
     "script",
@@ -59,6 +60,7 @@ RUN_FIELDS = [
     "graphs_compiled",
     "recompiled_steps",
     "compiled_blocks",  # train_compile.py --compile-regions: the blocks sharing the compiled graph
+    "checkpointed_blocks",  # train_activation_checkpointing.py
     "checkpoints",  # train_FSDP.py: its sharded saves, and the seconds its training loop stood still for them
     "checkpoint_s",
     "params",

@@ -192,6 +192,8 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                     "status": status_cell(r),
                 }
             )
+            if "ac_mode" in rows and rows["ac_mode"].notna().any():  # activation checkpointing: what it recomputes
+                table[-1]["FLOPs per sample ×"] = x_cell(ratio_of(r.get("flops_per_image"), first.get("flops_per_image")))
             if "allreduce_mib_per_step" in rows and rows["allreduce_mib_per_step"].notna().any():  # comm hooks
                 table[-1]["all-reduced per step (MiB)"] = fmt(r.get("allreduce_mib_per_step"), ".2f")
             if "compile_s" in rows and rows["compile_s"].notna().all():  # compiled rows only: whole or regional
@@ -214,6 +216,13 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                 " A pipeline's bubble: the share of a step its stages sat idle (measured by hooks, the mean over the "
                 "stages) against the theory's (p - 1) / (m + p - 1)."
                 if "pipeline bubble (measured / theory)" in table[-1]
+                else ""
+            )
+            + (
+                " FLOPs per sample: the matmuls, convolutions and attention of one training step as they ran "
+                "(torch.utils.flop_counter; a recompute counts, a selective recompute served from its cache does not), "
+                "× the first row's."
+                if "FLOPs per sample ×" in table[-1]
                 else ""
             )
             + (

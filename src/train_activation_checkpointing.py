@@ -4,11 +4,14 @@ Autograd keeps every block's intermediate tensors for backward, so at the end of
 and for a transformer they, not the weights, fill the memory. `checkpoint(block, x, use_reentrant=False)` keeps only
 the block's input and runs its forward again in backward: activation memory falls to the blocks' inputs plus one
 block's tensors, for one extra forward per checkpointed block. That buys a larger batch, sequence or model; it is not
-a speed-up. --recompute-every N checkpoints every N-th block. The small CNN and the MLP have no repeated blocks: with
-them the script says so and trains as train.py does.
+a speed-up. --recompute-every N checkpoints every N-th block. --ac-mode selective (torchtitan's op-level selective
+AC) keeps what the matmuls, convolutions and attention of a checkpointed block return and recomputes only the cheap
+rest (LayerNorm, GELU, BatchNorm, ReLU, adds): less memory saved, almost no compute added. The small CNN and the MLP
+have no repeated blocks: with them the script says so and trains as train.py does.
 
     python src/train_activation_checkpointing.py --model vit                     # every ViT encoder block but the last
     python src/train_activation_checkpointing.py --model resnet18 --recompute-every 2
+    python src/train_activation_checkpointing.py --model gpt --ac-mode selective  # keep the matmuls, recompute the rest
     python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --device cuda   # GPU
     diff src/train.py src/train_activation_checkpointing.py                     # only the lines marked `# new #`
 
@@ -30,6 +33,13 @@ import common
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
     "--recompute-every", type=common.positive_int, default=1, help="checkpoint every N-th block (never the last one)"
+)
+parser.add_argument(  # new #
+    "--ac-mode",
+    choices=["full", "selective"],
+    default="full",
+    help="full: recompute a checkpointed block whole; selective: keep its matmul, convolution and attention outputs, "
+    "recompute the rest",
 )
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
@@ -58,23 +68,50 @@ model = common.build_model(args.model, *common.input_shape(args)).to(device)
 # new # begin: the blocks whose activations are recomputed in backward instead of kept
 
 
+# selective AC: in a checkpointed block, what these ops return is kept for backward and served to the recompute, so
+# that only the cheap ops between them run again (torchtitan's op-level SAC keeps the same ops)
+KEPT_OPS = {
+    torch.ops.aten.mm.default,  # nn.Linear without bias
+    torch.ops.aten.addmm.default,  # nn.Linear with bias (its input flattened to 2-D)
+    torch.ops.aten.bmm.default,
+    torch.ops.aten.convolution.default,
+    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,  # SDPA's kernels, by backend
+    torch.ops.aten._scaled_dot_product_flash_attention.default,
+    torch.ops.aten._scaled_dot_product_efficient_attention.default,
+    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
+}
+
+
+def keep_matmuls(ctx, op, *args, **kwargs):
+    """The selective policy, called for every op of a checkpointed block's forward: keep its output or recompute it."""
+    if op in KEPT_OPS:
+        return torch.utils.checkpoint.CheckpointPolicy.MUST_SAVE
+    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
+
+
 @contextlib.contextmanager
-def buffers_restored(block):
-    """Around a block's recompute: its buffers (BatchNorm's running statistics) end as they were before it."""
+def recomputing(block, replay):
+    """Around a block's recompute: `replay` (selective: SAC's mode that serves the kept outputs), and the block's
+    buffers (BatchNorm's running statistics) put back as they were before it."""
     saved = [(buffer, buffer.clone()) for buffer in block.buffers()]
     try:
-        yield
+        with replay:
+            yield
     finally:
         for buffer, value in saved:
             buffer.copy_(value)
 
 
 def recompute_contexts(block):
-    """checkpoint's context_fn: nothing around the forward; around the recompute, `buffers_restored(block)`."""
-    return contextlib.nullcontext(), buffers_restored(block)
+    """checkpoint's context_fn, called at each checkpointed call: (around the forward, around the recompute)."""
+    if args.ac_mode == "selective":  # a fresh cache per call: SAC's mode that keeps outputs, the one that replays them
+        forward, replay = torch.utils.checkpoint.create_selective_checkpoint_contexts(keep_matmuls)
+    else:
+        forward, replay = contextlib.nullcontext(), contextlib.nullcontext()
+    return forward, recomputing(block, replay)
 
 
-if isinstance(model, common.ViT):
+if isinstance(model, (common.ViT, common.GPT)):
     blocks = model.blocks  # EncoderBlock: attention + MLP, (N, tokens, width) in and out
 elif isinstance(model, torchvision.models.ResNet):
     blocks = [*model.layer1, *model.layer2, *model.layer3, *model.layer4]  # the residual blocks
@@ -82,14 +119,17 @@ else:
     blocks = []
     print(f"{args.model} has no repeated blocks to checkpoint: it trains as train.py does", flush=True)
 checkpointed = blocks[:-1][:: args.recompute_every]  # never the last block: recomputing it saves nothing
+if args.ac_mode == "selective":  # checkpoint's respect_saved_tensors_hooks (below) is newer than torch 2.11
+    common.env.require_torch("2.15", "--ac-mode selective (checkpoint's respect_saved_tensors_hooks)")
 for block in checkpointed:  # block(x) now calls checkpoint(original forward, x); the state dict keeps its keys
     block.forward = functools.partial(
         torch.utils.checkpoint.checkpoint,
         block.forward,
         use_reentrant=False,  # the non-reentrant implementation: works under DDP, keeps every gradient
         context_fn=functools.partial(recompute_contexts, block),
+        respect_saved_tensors_hooks=True,  # SAC's kept outputs pass saved-tensor hooks (save_on_cpu, the meter's)
     )
-print(f"activation checkpointing: {len(checkpointed)} of {len(blocks)} blocks", flush=True)
+print(f"activation checkpointing ({args.ac_mode}): {len(checkpointed)} of {len(blocks)} blocks", flush=True)
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
@@ -165,6 +205,7 @@ common.report(
     precision=common.precision_label(device),
     device=device,
     checkpointed_blocks=len(checkpointed),  # new #
+    ac_mode=args.ac_mode,  # new #
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them

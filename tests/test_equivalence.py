@@ -444,30 +444,47 @@ def test_model_parallel_cuts_between_blocks_where_the_stages_are_most_even(model
 # -- Memory: activation checkpointing -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("model", ["resnet18", "vit"])
+@pytest.mark.parametrize("model", ["resnet18", "gpt"])
 def test_activation_checkpointing_trains_train_py_s_weights_bit_for_bit_and_keeps_less_for_backward(model, tmp_path):
-    """train_activation_checkpointing.py vs train.py, --deterministic, batch 32, 3 steps on synthetic 32 px batches
-    (what is compared is the arithmetic, not learning; an evaluation of Fashion-MNIST's 10,000 test images would take
-    half a minute a run on 2 cores): ResNet-18 (BatchNorm in every checkpointed block) and the small ViT. Compared: every weight, bias and BatchNorm statistic
-    (and its batch count) after the 3 steps, and the test loss. Tolerance: none (bit for bit): the recompute runs the
-    same deterministic kernels on the same inputs, so the rebuilt tensors, the gradients and the updates are equal;
-    without the buffers put back after a recompute, each BatchNorm would update its running statistics twice a step
-    (a difference in every running mean, and batch counts of 6 instead of 3). Also: what autograd kept for backward
-    (activation_mib, measured by the meter on the first step) is below half of train.py's."""
-    flags = ["--model", model, "--dataset", "synthetic", "--image-size", "32", "--subset", "96", "--batch-size", "32",
-             "--epochs", "1", "--deterministic"]  # fmt: skip
-    ac = train(tmp_path / "ac", "src/train_activation_checkpointing.py", *flags)
+    """train_activation_checkpointing.py vs train.py, --deterministic, 3 steps: ResNet-18 (BatchNorm in every
+    checkpointed block) on synthetic 32 px batches of 32, and the GPT on 3 batches of 16 blocks of Shakespeare, in
+    both modes, full and selective (what is compared is the arithmetic, not learning: a small test set). Compared:
+    every weight, bias and BatchNorm statistic (and its batch count) after the 3 steps, and the test loss.
+    Tolerance: none (bit for bit): the recompute runs the same deterministic kernels on the same inputs, and selective
+    AC hands the recompute the very tensors the forward made, so the gradients and the updates are equal; without the
+    buffers put back after a recompute, each BatchNorm would update its running statistics twice a step (a difference
+    in every running mean, and batch counts of 6 instead of 3). Memory, measured by the meter on the first step
+    (activation_mib, what autograd and selective AC's cache keep for backward): full keeps below half of train.py's;
+    selective keeps more than full (the matmul and attention outputs of 3 blocks) and less than train.py (the
+    LayerNorm and GELU outputs, recomputed). Compute: the FLOPs the counter sees per sample (matmuls and attention,
+    recomputes included) are train.py's under selective AC, which recomputes none of them, and more under full AC."""
+    if model == "gpt":
+        flags = ["--model", "gpt", "--subset", "48", "--test-subset", "32", "--epochs", "1", "--deterministic"]
+    else:
+        flags = ["--model", model, "--dataset", "synthetic", "--image-size", "32", "--subset", "96", "--batch-size",
+                 "32", "--epochs", "1", "--deterministic"]  # fmt: skip
     base = train(tmp_path / "base", "src/train.py", *flags)
-    assert ac["state"]["step"] == base["state"]["step"] == 3
-    assert_identical(ac["state"]["model"], base["state"]["model"])
-    assert ac["metrics"]["epochs"][-1]["val_loss"] == base["metrics"]["epochs"][-1]["val_loss"]
-    kept, full = ac["metrics"]["activation_mib"], base["metrics"]["activation_mib"]
-    print(f"activation checkpointing, {model}: {kept:.1f} MiB kept for backward, train.py {full:.1f} MiB")
-    assert 0 < kept < full / 2
-    blocks = {"resnet18": 8, "vit": 4}[model]
-    assert ac["metrics"]["checkpointed_blocks"] == blocks - 1  # every block but the last
-    assert f"activation checkpointing: {blocks - 1} of {blocks} blocks" in ac["stdout"]
-    common.build_model(model, 3, 32).load_state_dict(ac["state"]["model"])  # the blocks keep their keys
+    modes = ["full", "selective"] if model == "gpt" else ["full"]
+    runs = {mode: train(tmp_path / mode, "src/train_activation_checkpointing.py", *flags, "--ac-mode", mode)
+            for mode in modes}  # fmt: skip
+    blocks = {"resnet18": 8, "gpt": 4}[model]
+    kept = {mode: run["metrics"]["activation_mib"] for mode, run in runs.items()}
+    print(f"activation checkpointing, {model}: MiB kept {kept}, train.py's {base['metrics']['activation_mib']:.1f}")
+    for mode, ac in runs.items():
+        assert ac["state"]["step"] == base["state"]["step"] == 3
+        assert_identical(ac["state"]["model"], base["state"]["model"])
+        assert ac["metrics"]["epochs"][-1]["val_loss"] == base["metrics"]["epochs"][-1]["val_loss"]
+        assert ac["metrics"]["checkpointed_blocks"] == blocks - 1  # every block but the last
+        assert ac["metrics"]["ac_mode"] == mode
+        assert f"activation checkpointing ({mode}): {blocks - 1} of {blocks} blocks" in ac["stdout"]
+        shape = (84, 64) if model == "gpt" else (3, 32)  # the GPT: 84 characters, a context of 64
+        common.build_model(model, *shape).load_state_dict(ac["state"]["model"])  # the blocks keep their keys
+    full, flops = base["metrics"]["activation_mib"], base["metrics"]["flops_per_image"]
+    assert 0 < kept["full"] < full / 2
+    assert runs["full"]["metrics"]["flops_per_image"] > flops  # the checkpointed blocks' forward, twice
+    if "selective" in runs:
+        assert kept["full"] < kept["selective"] < full
+        assert runs["selective"]["metrics"]["flops_per_image"] == flops  # no matmul or attention recomputed
 
 
 # FSDP against DDP: the small ViT (4 encoder blocks, each sharded) on synthetic 32 px batches, 2 gloo ranks x 32 (each

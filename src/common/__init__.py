@@ -70,6 +70,7 @@ from .data import input_shape, load_data, synthetic_data
 from .device import get_device, precision_label
 from .errors import die
 from .evaluation import evaluate
+from .gpt import GPT
 from .images import IMAGENET_MEAN, IMAGENET_STD, BadImage, find_non_image, image_folders, load_rgb
 from .io import output_problem
 from .meter import Meter, gather_summary
@@ -82,6 +83,7 @@ from .vit import ViT
 
 __all__ = [
     "BadImage",
+    "GPT",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "Meter",
