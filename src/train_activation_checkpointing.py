@@ -119,15 +119,17 @@ else:
     blocks = []
     print(f"{args.model} has no repeated blocks to checkpoint: it trains as train.py does", flush=True)
 checkpointed = blocks[:-1][:: args.recompute_every]  # never the last block: recomputing it saves nothing
-if args.ac_mode == "selective":  # checkpoint's respect_saved_tensors_hooks (below) is newer than torch 2.11
+selective_options = {}
+if args.ac_mode == "selective":  # SAC's kept outputs pass saved-tensor hooks (save_on_cpu, the meter's): torch >= 2.15
     common.env.require_torch("2.15", "--ac-mode selective (checkpoint's respect_saved_tensors_hooks)")
+    selective_options = {"respect_saved_tensors_hooks": True}
 for block in checkpointed:  # block(x) now calls checkpoint(original forward, x); the state dict keeps its keys
     block.forward = functools.partial(
         torch.utils.checkpoint.checkpoint,
         block.forward,
         use_reentrant=False,  # the non-reentrant implementation: works under DDP, keeps every gradient
         context_fn=functools.partial(recompute_contexts, block),
-        respect_saved_tensors_hooks=True,  # SAC's kept outputs pass saved-tensor hooks (save_on_cpu, the meter's)
+        **selective_options,
     )
 print(f"activation checkpointing ({args.ac_mode}): {len(checkpointed)} of {len(blocks)} blocks", flush=True)
 # new # end

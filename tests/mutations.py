@@ -113,7 +113,7 @@ MUTATIONS = [
      EQ + "test_activation_checkpointing_trains_train_py_s_weights_bit_for_bit_and_keeps_less_for_backward[gpt]"),
     ("train_activation_checkpointing.py", "selective AC's kept outputs bypass the saved-tensor hooks: memory under-counted",
      "src/train_activation_checkpointing.py",
-     "        respect_saved_tensors_hooks=True,", "        respect_saved_tensors_hooks=False,",
+     '"respect_saved_tensors_hooks": True}', '"respect_saved_tensors_hooks": False}',
      EQ + "test_activation_checkpointing_trains_train_py_s_weights_bit_for_bit_and_keeps_less_for_backward[gpt]"),
     ("train_activation_checkpointing.py", "BatchNorm's running statistics not put back after a recompute",
      "src/train_activation_checkpointing.py",
