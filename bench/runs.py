@@ -30,6 +30,7 @@ CONFIG_FIELDS = [
     "global_batch",
     "precision",
     "ac_mode",  # train_activation_checkpointing.py: full or selective
+    "batching",  # train_varlen.py: pad, bucket or pack
 ]
 RUN_FIELDS = [
     "script",
@@ -61,6 +62,7 @@ RUN_FIELDS = [
     "recompiled_steps",
     "compiled_blocks",  # train_compile.py --compile-regions: the blocks sharing the compiled graph
     "checkpointed_blocks",  # train_activation_checkpointing.py
+    "pad_share",  # train_varlen.py: the share of the batches' tokens that were padding
     "checkpoints",  # train_FSDP.py: its sharded saves, and the seconds its training loop stood still for them
     "checkpoint_s",
     "params",

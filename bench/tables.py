@@ -194,6 +194,8 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             )
             if "ac_mode" in rows and rows["ac_mode"].notna().any():  # activation checkpointing: what it recomputes
                 table[-1]["FLOPs per sample ×"] = x_cell(ratio_of(r.get("flops_per_image"), first.get("flops_per_image")))
+            if "pad_share" in rows and rows["pad_share"].notna().any():  # variable-length batches
+                table[-1]["pad share"] = fmt(r.get("pad_share"), ".1%")
             if "allreduce_mib_per_step" in rows and rows["allreduce_mib_per_step"].notna().any():  # comm hooks
                 table[-1]["all-reduced per step (MiB)"] = fmt(r.get("allreduce_mib_per_step"), ".2f")
             if "compile_s" in rows and rows["compile_s"].notna().all():  # compiled rows only: whole or regional
@@ -223,6 +225,12 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                 "(torch.utils.flop_counter; a recompute counts, a selective recompute served from its cache does not), "
                 "× the first row's."
                 if "FLOPs per sample ×" in table[-1]
+                else ""
+            )
+            + (
+                " Pad share: the share of the training batches' tokens that were padding; tokens/s counts real tokens "
+                "only, and activations are the first batch's (its length varies)."
+                if "pad share" in table[-1]
                 else ""
             )
             + (

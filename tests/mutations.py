@@ -32,6 +32,7 @@ import common  # noqa: E402
 
 EQ = "tests/test_equivalence.py::"
 GPT = "tests/test_gpt.py::"
+VARLEN = "test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
 MUTATIONS = [
     ("train_DDP.py", "set_epoch removed: every epoch repeats the first one's order", "src/train_DDP.py",
@@ -119,6 +120,23 @@ MUTATIONS = [
      "src/train_activation_checkpointing.py",
      "            buffer.copy_(value)", "            pass",
      EQ + "test_activation_checkpointing_trains_train_py_s_weights_bit_for_bit_and_keeps_less_for_backward[resnet18]"),
+    ("train_varlen.py", "padding on the left: a real token's position (and what it attends to) moves with the batch",
+     "src/train_varlen.py",
+     "padding_value=0)\n    targets = nn.utils.rnn.pad_sequence([s[1:] for s in samples], batch_first=True, padding_value=PAD)",
+     "padding_value=0, padding_side=\"left\")\n    targets = nn.utils.rnn.pad_sequence([s[1:] for s in samples], "
+     "batch_first=True, padding_value=PAD, padding_side=\"left\")",
+     GPT + VARLEN),
+    ("train_varlen.py", "padded targets are token 0, not PAD: the loss learns to predict padding", "src/train_varlen.py",
+     "batch_first=True, padding_value=PAD)", "batch_first=True, padding_value=0)", GPT + VARLEN),
+    ("train_varlen.py", "the buckets' batches in sorted order, never shuffled: every epoch the same batches, short first",
+     "src/train_varlen.py",
+     "for i in torch.randperm(len(batches), generator=self.generator).tolist():", "for i in range(len(batches)):",
+     GPT + VARLEN),
+    ("train_varlen.py", "each pool's last full batch cut off (an off-by-one in the bucket sampler)", "src/train_varlen.py",
+     "range(0, len(pool) - self.batch_size + 1, self.batch_size)", "range(0, len(pool) - self.batch_size, self.batch_size)",
+     GPT + VARLEN),
+    ("train_varlen.py", "tokens/s from the padded batch shape (pads counted as tokens)", "src/train_varlen.py",
+     "meter.step(images.size(0), tokens=real)", "meter.step(images.size(0))", GPT + VARLEN),
     ("train_model_parallel.py", "the cut off by one block: the second stage skips a block", "src/train_model_parallel.py",
      "nn.Sequential(*blocks[cut:]).to(devices[1])", "nn.Sequential(*blocks[cut + 1 :]).to(devices[1])",
      EQ + "test_model_parallel_pipeline_computes_the_unsplit_model_s_logits_and_gradients"),

@@ -16,6 +16,9 @@ import common
 # A peak rate of 1e-3, not the default 6e-3 (tuned for 2,800 steps): over 8 steps of a 8-step one-cycle schedule the
 # default's steps are so large that float32 rounding grows past the tolerances (as the ladder's tests say for the CNN)
 GPT = ["--model", "gpt", "--subset", "64", "--test-subset", "32", "--seq-len", "32", "--epochs", "2", "--lr", "1e-3"]
+# train_varlen.py's speeches: the first 128 blocks of 64 characters hold 153 speeches and pieces of at most 65
+# characters, so batches of 9 leave none out (the test checks that every epoch holds as many as the script found)
+VARLEN = [*GPT, "--subset", "128", "--seq-len", "64", "--batch-size", "9"]
 
 
 def test_a_target_is_the_next_character_and_no_validation_play_is_trained_on():
@@ -159,3 +162,65 @@ def test_regional_compile_one_graph_serves_every_block(base, tmp_path):
     metrics = regional["metrics"]
     assert metrics["compiled_blocks"] == 4 and metrics["graphs_compiled"] == 1 and metrics["recompiled_steps"] == 0
     assert_loads_into_train_py(regional["checkpoint"])  # the eager model's keys, no "_orig_mod."
+
+
+def test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech(base, tmp_path):
+    """train_varlen.py: speeches (the text cut at its blank lines, pieces of at most 65 characters at --seq-len 64),
+    --batching pad and bucket, 2 epochs of 9 speeches a batch (VARLEN), each run under tests/varlen_probe.py, which
+    keeps every batch the loop took. At a peak rate of 1e-9 the weights stay within 1e-8 of their start, so the loss
+    each step computed is recomputed here from the checkpoint's weights. Checked, on every batch of both runs: the
+    targets are the inputs shifted by one and padded on the right only (PAD after the real tokens, none before); each
+    row's loss, from the row alone, unpadded, in its own forward pass, averaged over the batch's real tokens, gives
+    every epoch's train loss within 1e-5 (a pad in the loss, a left pad or a sum instead of a mean is off by percents);
+    every epoch holds every speech once, the same speeches in both runs, in another order each epoch, its batches not
+    sorted by length (bucketing sorts inside its pools, then shuffles the batches); the run's
+    pad_share is the batches' pads over their tokens, and tokens/s counts real tokens. Bucketing pads less than a
+    quarter of what random batches pad. Then --batching pack: train.py's blocks, its weights bit for bit."""
+    flags = [*VARLEN, "--lr", "1e-9"]
+    runs = {}
+    for mode in ("pad", "bucket"):
+        batches = tmp_path / f"{mode}.pt"
+        runs[mode] = train(tmp_path / mode, "src/train_varlen.py", *flags, "--batching", mode,
+                           probe=("tests/varlen_probe.py", batches, "--"))  # fmt: skip
+        runs[mode]["batches"] = torch.load(batches)
+    model, batch = common.build_model("gpt", 84, 64).eval(), int(VARLEN[VARLEN.index("--batch-size") + 1])
+    speeches = {}
+    for mode, run in runs.items():
+        model.load_state_dict(run["state"]["model"])
+        metrics, epochs = run["metrics"], run["batches"]
+        assert len(epochs) == 2 and metrics["batching"] == mode
+        real = padded = 0
+        for epoch, record in zip(epochs, metrics["epochs"], strict=True):
+            batch_losses, rows = [], []
+            for inputs, targets in epoch:
+                assert inputs.shape == targets.shape and inputs.size(0) == batch
+                lengths = (targets != -100).sum(dim=1)  # -100: the script's PAD, nn.CrossEntropyLoss's ignore_index
+                position = torch.arange(targets.size(1))
+                assert torch.equal(targets != -100, position < lengths[:, None])  # real tokens first, then pads only
+                total = 0.0
+                with torch.no_grad():
+                    for row, n in enumerate(lengths.tolist()):
+                        assert torch.equal(inputs[row, 1:n], targets[row, : n - 1])  # the next character
+                        alone = model(inputs[row : row + 1, :n])  # this speech alone: no padding at all
+                        total += torch.nn.functional.cross_entropy(alone, targets[row : row + 1, :n], reduction="sum")
+                        rows.append(tuple(inputs[row, :n].tolist()) + (int(targets[row, n - 1]),))
+                batch_losses.append(total.item() / lengths.sum().item())
+                real, padded = real + lengths.sum().item(), padded + targets.numel()
+            assert record["train_loss"] == pytest.approx(sum(batch_losses) / len(batch_losses), rel=1e-5)
+            widths = [targets.size(1) for _, targets in epoch]  # random batches: nearly all as wide as the longest
+            assert mode == "pad" or widths not in (sorted(widths), sorted(widths, reverse=True))  # buckets: shuffled
+            speeches.setdefault(mode, []).append(rows)
+        first, second = speeches[mode]
+        assert sorted(first) == sorted(second) and first != second  # the same speeches, reshuffled
+        assert metrics["pad_share"] == pytest.approx(1 - real / padded, rel=1e-9)
+        samples = len(epochs) * len(epochs[0]) * batch
+        assert metrics["tokens_per_sample"] == pytest.approx(real / samples, rel=1e-9)  # tokens/s: real tokens only
+        assert f"--batching {mode}: {len(first)} samples" in run["stdout"]  # every speech in every epoch
+    assert sorted(speeches["pad"][0]) == sorted(speeches["bucket"][0])
+    share = {mode: run["metrics"]["pad_share"] for mode, run in runs.items()}
+    print(f"train_varlen.py: pad share {share}")
+    assert share["bucket"] < share["pad"] / 4
+    pack = train(tmp_path / "pack", "src/train_varlen.py", *GPT, "--batch-size", "16", "--batching", "pack")
+    assert pack["state"]["step"] == base["state"]["step"] == 8
+    for key, value in base["state"]["model"].items():
+        assert torch.equal(pack["state"]["model"][key], value), key

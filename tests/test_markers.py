@@ -71,6 +71,7 @@ CHAINS = {
     "train_TP.py": "train.py",
     "train_profile.py": "train.py",
     "train_sdpa.py": "train.py",
+    "train_varlen.py": "train.py",
     "loader_DALI.py": "loader.py",
 }
 

@@ -29,6 +29,8 @@ class Meter:
       the warm-up has no window: images/s is None and `images_per_s_note` says why ("not measured", never 0).
     - tokens/s: a language model's batch is (N, T) int64 tokens (noticed in `loader`): a sample is a sequence, and
       `tokens_per_sample` (T) turns samples/s into tokens/s, in the progress line and in the metrics (`report`).
+      Samples of varying length, padded per batch: `step(..., tokens=real tokens)`, and tokens_per_sample is the
+      window's mean of real tokens per sample (the progress line still counts the last batch's padded T).
     - step time p50/p90 (ms): host time between consecutive `step()` calls inside the window. Between the edges
       nothing synchronises, so on a GPU this is the rate at which the host can queue steps (equal to the GPU's rate
       once its queue is full); on CPU it is the step time itself.
@@ -53,7 +55,9 @@ class Meter:
     - training FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` from the arrival of the second step's
       batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions
       and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and the optimizer are not
-      counted; an activation-checkpointing recompute is: hardware FLOPs, not the model's). DataParallel's
+      counted; an activation-checkpointing recompute is: hardware FLOPs, not the model's). Batches of varying length
+      (`step(..., tokens=)`): the step's FLOPs per real token, pads' work included, times the window's real tokens
+      per sample (the counted batch's width stands for the window's: attention's share is approximate). DataParallel's
       replicas run their forward in threads the counter does not see (train_DP.py reports none on 2+ GPUs). The second
       step, not the first: a compiled model compiles
       at its first call, and under the counter it would run eagerly and compile a step later. That step runs slower
@@ -80,6 +84,8 @@ class Meter:
         self._saved_hooks, self._storages = None, {}
         self.flops_per_image = None  # counted on the second step
         self.tokens_per_sample = None  # a language model's batch: (N, T) int64 tokens, T of them per sample
+        self.window_tokens = 0  # real tokens inside the window(s), when step() is given them
+        self._flops_tokens = None  # the counted step's real tokens, when step() is given them
         self._flop_counter = None
         for d in self.devices:
             if d.type == "cuda":
@@ -134,9 +140,11 @@ class Meter:
                 self._flop_counter.__enter__()
             yield batch
 
-    def step(self, n_images: int, measured: bool = True) -> None:
-        """Record the end of one optimizer step over `n_images` images (per process). `measured=False` keeps a step
-        after the warm-up out of images/s, step times and data-wait (train_compile.py: a step in which torch.compile
+    def step(self, n_images: int, measured: bool = True, tokens: int | None = None) -> None:
+        """Record the end of one optimizer step over `n_images` images (per process); `tokens`: the real (non-pad)
+        tokens of a text batch whose samples differ in length (train_varlen.py), so that tokens/s counts those and
+        not the padded (N, T) shape: the summary's tokens_per_sample is then the window's tokens / its samples.
+        `measured=False` keeps a step after the warm-up out of images/s, step times and data-wait (train_compile.py: a step in which torch.compile
         recompiled): the window closes at the previous step's end and a new one opens at this step's end. On a GPU,
         work the previous steps left queued finishes inside that step and is left out too (at most a few steps'
         worth against the seconds of a compile); `excluded_steps` in the summary counts such steps."""
@@ -145,6 +153,7 @@ class Meter:
             self._flop_counter.__exit__(None, None, None)
             flops, self._flop_counter = self._flop_counter.get_total_flops(), None
             self.flops_per_image = flops / n_images if flops else 0.0
+            self._flops_tokens, self._counted_samples = tokens, n_images  # varying lengths: scaled in summary()
         self.steps += 1
         self._all_images += n_images
         if self.first_step_s is None and self._t_train is not None:
@@ -163,6 +172,8 @@ class Meter:
         now = time.perf_counter()
         self.step_s.append(now - self._t_last)
         self.images += n_images
+        if tokens is not None:
+            self.window_tokens += tokens
         self.wait_s += wait
         self._t_last = now
 
@@ -203,6 +214,15 @@ class Meter:
             self._wait = 0.0
             self.windows += 1
 
+    def _flops_per_sample(self) -> float | None:
+        """The counted step's FLOPs per sample; for batches of varying length (step() given tokens), its FLOPs per
+        real token (the pads' work included) times the window's real tokens per sample, so that FLOPs per sample x
+        samples/s is the work of the window's batches, not of the one counted."""
+        if self._flops_tokens and self.window_tokens and self.flops_per_image:
+            per_token = self.flops_per_image * self._counted_samples / self._flops_tokens
+            return per_token * self.window_tokens / self.images
+        return self.flops_per_image
+
     def summary(self) -> dict:
         """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, step_ms_blocked and
         step_blocks_spread (`blocked`), data_wait_frac,
@@ -220,7 +240,8 @@ class Meter:
             )
         return {
             "images_per_s": self.images / self.window_s if measured else None,
-            "tokens_per_sample": self.tokens_per_sample,  # None for images; tokens/s = images_per_s x this
+            # None for images; tokens/s = images_per_s x this (batches of varying length: the window's real tokens)
+            "tokens_per_sample": self.window_tokens / self.images if self.window_tokens else self.tokens_per_sample,
             "images_per_s_note": note,
             "step_ms_p50": 1e3 * statistics.median(self.step_s) if measured else None,
             "step_ms_p90": 1e3 * quantiles[8] if measured >= 2 else None,
@@ -234,7 +255,7 @@ class Meter:
             "first_step_s": self.first_step_s,
             "train_s": self.train_s,
             "activation_mib": self.activation_bytes / 2**20 if self.activation_bytes is not None else None,
-            "flops_per_image": self.flops_per_image or None,
+            "flops_per_image": self._flops_per_sample() or None,
             **memory_stats(),
         }
 

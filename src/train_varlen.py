@@ -1,0 +1,211 @@
+"""Variable-length samples: train.py + speeches of any length, a collate_fn that pads, a BatchSampler that buckets.
+
+A language model's data rarely comes in equal blocks: documents, dialogue turns, instructions and answers differ in
+length. Here the samples are the training text cut at its blank lines (a speaker's speech, a stage direction, a
+scene's heading: 6 to 1,200 characters, a median of 62), each at most --seq-len + 1 characters (a longer speech is
+cut in pieces). A DataLoader stacks equal shapes only, so `pad_batch`, its collate_fn, pads each batch on the right
+to its longest sample and marks the padding in the targets with PAD, which the loss ignores. How much a batch pads
+depends on who is in it:
+
+    --batching pad      random batches: each pads to the longest of B random speeches (most of its tokens are pads)
+    --batching bucket   a BatchSampler puts speeches of similar length together (pools of 100 batches sorted by
+                        length, the batches shuffled): almost no padding, the same speeches every epoch
+    --batching pack     no speeches: the text in full blocks of --seq-len, each starting mid-speech, as train.py trains
+
+The loss is the mean over a batch's real tokens, so tokens/s counts real tokens only (`pad_share`: the share of the
+batches' tokens that were padding). Right padding changes no real token's logits: the attention is causal, so no
+token sees a later position, where the pads are. Bucketing changes what a batch holds, not what an epoch holds.
+
+    python src/train_varlen.py --model gpt --batching bucket                       # speeches, bucketed by length
+    python src/train_varlen.py --model gpt --batching pad --seq-len 256 --max-steps 200
+    python src/train_varlen.py --model gpt2 --device cuda --seq-len 1024 --batch-size 32   # GPU
+    diff src/train.py src/train_varlen.py                                    # only the lines marked `# new #`
+
+More: docs/techniques/train_varlen.md
+"""
+
+import itertools
+
+import torch
+import torch.nn as nn
+from torch.utils.data import DataLoader
+
+import common
+
+parser = common.get_parser(__doc__, datasets=("shakespeare",))  # new # speeches are text: no synthetic batch
+parser.add_argument(  # new #
+    "--batching",
+    choices=["pad", "bucket", "pack"],
+    default="bucket",
+    help="pad: random batches of speeches, each padded to its longest; bucket: speeches of similar length batched "
+    "together; pack: full blocks of text, as train.py",
+)
+args = common.parse_args(parser)
+if args.model not in common.TEXT_MODELS:  # new # a language model's samples are text of varying length
+    common.die(f"train_varlen.py trains a language model (gpt, gpt2) on text, not {args.model}")  # new #
+generator = common.seed_everything(args.seed, args.deterministic)
+device = common.get_device(args.device)
+
+# -- data: Shakespeare's speeches padded per batch (or train.py's blocks) behind torch's DataLoader  # new #
+train_set, test_set = common.load_data(args)
+sampler = torch.utils.data.RandomSampler(train_set, generator=generator)  # the shuffle, reseeded every epoch
+# new # begin: samples of different lengths, a collate_fn that pads them, a BatchSampler that buckets them
+PAD = -100  # the target of a padded position: nn.CrossEntropyLoss's ignore_index
+
+
+def speeches(blocks, longest):
+    """The text train.py's (inputs, targets) blocks cover, cut after each blank line: a list of int64 1-D tensors of
+    2 to `longest` tokens, each ending in its blank line; a longer speech is cut in pieces that share one token (as
+    consecutive blocks do), so every character of a speech but its first is a target once."""
+    inputs, targets = blocks.tensors
+    tokens = torch.cat([inputs.flatten(), targets[-1, -1:]])
+    newline = common.text.vocabulary().index("\n")
+    blank = (tokens[:-2] == newline) & (tokens[1:-1] == newline) & (tokens[2:] != newline)
+    ends = [0, *(blank.nonzero().flatten() + 2).tolist(), len(tokens)]
+    pieces = []
+    for start, end in zip(ends[:-1], ends[1:]):
+        pieces += [tokens[i : min(i + longest, end)] for i in range(start, end - 1, longest - 1)]
+    return pieces
+
+
+def pad_batch(samples):
+    """The collate_fn: B samples of n_i tokens -> (inputs, targets), int64 (B, max n_i - 1). inputs[b, t] is token t
+    of sample b and targets[b, t] token t + 1; past a sample's end, inputs hold token 0 and targets PAD. Padded on the
+    right: under causal attention no real token sees a later position, so the pads change none of their logits."""
+    inputs = nn.utils.rnn.pad_sequence([s[:-1] for s in samples], batch_first=True, padding_value=0)
+    targets = nn.utils.rnn.pad_sequence([s[1:] for s in samples], batch_first=True, padding_value=PAD)
+    return inputs, targets
+
+
+class BucketBatchSampler(torch.utils.data.Sampler):
+    """Batches (lists of B sample indices) of similar length, in a random order: each epoch the indices are shuffled,
+    cut into pools of `pool` batches, each pool sorted by length and cut into batches, and all batches shuffled (the
+    pools keep the order random; Hugging Face's group_by_length and detection's aspect-ratio grouping do the same).
+    Every sample is in one batch an epoch but the last pool's remainder (< B, as drop_last)."""
+
+    def __init__(self, lengths, batch_size, generator, pool=100):
+        self.lengths, self.batch_size, self.generator, self.pool = lengths, batch_size, generator, pool
+
+    def __len__(self):
+        return len(self.lengths) // self.batch_size
+
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        size, batches = self.pool * self.batch_size, []
+        for start in range(0, len(order), size):
+            pool = sorted(order[start : start + size], key=self.lengths.__getitem__)
+            cuts = range(0, len(pool) - self.batch_size + 1, self.batch_size)  # the pool's remainder < B: left out
+            batches += [pool[i : i + self.batch_size] for i in cuts]
+        for i in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[i]
+
+
+batches = torch.utils.data.BatchSampler(sampler, args.batch_size, drop_last=True)  # B random indices at a time
+if args.batching != "pack":
+    train_set = speeches(train_set, args.seq_len + 1)
+    if len(train_set) < args.batch_size:
+        common.die(f"--batch-size {args.batch_size} is larger than the {len(train_set)} speeches of this text")
+    sampler = torch.utils.data.RandomSampler(train_set, generator=generator)
+    batches = torch.utils.data.BatchSampler(sampler, args.batch_size, drop_last=True)
+    if args.batching == "bucket":
+        batches = BucketBatchSampler([len(s) for s in train_set], args.batch_size, generator)
+print(f"--batching {args.batching}: {len(train_set)} samples", flush=True)
+# new # end
+train_loader = DataLoader(
+    train_set,
+    batch_sampler=batches,  # new # every step sees a full batch of B samples (the BatchSampler drops the remainder)
+    collate_fn=pad_batch if args.batching != "pack" else None,  # new # pack: train.py's equal blocks stack as they are
+    num_workers=args.workers,
+    pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+    persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+    worker_init_fn=common.init_worker,
+)
+test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+criterion = nn.CrossEntropyLoss(ignore_index=PAD)  # new # the mean over real tokens: padded targets left out
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, args, model, optimizer, device)
+    start_epoch, step = state["epoch"], state["step"]
+    print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+epochs = []
+real_tokens = padded_tokens = 0  # new # the run's tokens: real ones, and all the batches held (pads included)
+print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    generator.manual_seed(args.seed + epoch)  # the epoch's order depends on seed and epoch only: a resume repeats it
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
+        real = int((labels != PAD).sum())  # new # counted on the host: no device sync
+        real_tokens, padded_tokens = real_tokens + real, padded_tokens + labels.numel()  # new #
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0), tokens=real)  # new # tokens/s: the real tokens
+        if step % args.log_every == 0:  # .item() waits for the device: once every --log-every steps only
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint:
+            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step)  # `epoch` epochs finished
+        break
+
+    val_loss, val_acc = common.evaluate(model, test_loader, device)
+    epochs.append(
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
+    )
+    print(common.epoch_line(epochs[-1]), flush=True)
+    if checkpoint:
+        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step)
+    if step == total_steps:
+        break
+
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = meter.summary()
+common.report(
+    args,
+    summary,
+    epochs,
+    precision=common.precision_label(device),
+    device=device,
+    steps=step,
+    batching=args.batching,  # new #
+    pad_share=1 - real_tokens / padded_tokens if padded_tokens else None,  # new # the batches' tokens that were pads
+    params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
+    test_images=len(test_loader.dataset),  # evaluate() counts every one of them
+)
+if args.model in common.TEXT_MODELS and preemption.stopped_at is None:  # a language model shows what it learned
+    print(f"generated after a fixed prompt:\n{common.generate(model, device, context=args.seq_len)}", flush=True)
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)
