@@ -144,8 +144,8 @@ class Meter:
         """Record the end of one optimizer step over `n_images` images (per process); `tokens`: the real (non-pad)
         tokens of a text batch whose samples differ in length (train_varlen.py), so that tokens/s counts those and
         not the padded (N, T) shape: the summary's tokens_per_sample is then the window's tokens / its samples.
-        `measured=False` keeps a step after the warm-up out of images/s, step times and data-wait (train_compile.py: a step in which torch.compile
-        recompiled): the window closes at the previous step's end and a new one opens at this step's end. On a GPU,
+        `measured=False` keeps a step after the warm-up out of images/s, step times and data-wait (train_compile.py:
+        a step in which torch.compile recompiled): the window closes at the previous step's end and a new one opens at this step's end. On a GPU,
         work the previous steps left queued finishes inside that step and is left out too (at most a few steps'
         worth against the seconds of a compile); `excluded_steps` in the summary counts such steps."""
         self._stop_counting()
