@@ -69,7 +69,8 @@ model = common.build_model(args.model, *common.input_shape(args)).to(device)
 
 
 # selective AC: in a checkpointed block, what these ops return is kept for backward and served to the recompute, so
-# that only the cheap ops between them run again (torchtitan's op-level SAC keeps the same ops)
+# that only the cheap ops between them run again (adapted from torchtitan's op-level SAC, which keeps mm and SDPA's
+# outputs but every second mm's)
 KEPT_OPS = {
     torch.ops.aten.mm.default,  # nn.Linear without bias
     torch.ops.aten.addmm.default,  # nn.Linear with bias (its input flattened to 2-D)

@@ -55,15 +55,16 @@ PAD = -100  # the target of a padded position: nn.CrossEntropyLoss's ignore_inde
 
 def speeches(blocks, longest):
     """The text train.py's (inputs, targets) blocks cover, cut after each blank line: a list of int64 1-D tensors of
-    2 to `longest` tokens, each ending in its blank line; a longer speech is cut in pieces that share one token (as
-    consecutive blocks do), so every character of a speech but its first is a target once."""
+    2 to `longest` tokens. A speech starts with the last newline of the blank line before it (so its first character
+    is a target too) and ends with its own blank line; a longer one is cut in pieces. Consecutive samples share one
+    token, as consecutive blocks do: every character of the text but the first is a target exactly once."""
     inputs, targets = blocks.tensors
     tokens = torch.cat([inputs.flatten(), targets[-1, -1:]])
     newline = common.text.vocabulary().index("\n")
     blank = (tokens[:-2] == newline) & (tokens[1:-1] == newline) & (tokens[2:] != newline)
-    ends = [0, *(blank.nonzero().flatten() + 2).tolist(), len(tokens)]
+    cuts = (blank.nonzero().flatten() + 2).tolist()  # where a speech starts: after a blank line
     pieces = []
-    for start, end in zip(ends[:-1], ends[1:]):
+    for start, end in zip([0, *(cut - 1 for cut in cuts)], [*cuts, len(tokens)]):
         pieces += [tokens[i : min(i + longest, end)] for i in range(start, end - 1, longest - 1)]
     return pieces
 
@@ -100,15 +101,15 @@ class BucketBatchSampler(torch.utils.data.Sampler):
             yield batches[i]
 
 
-batches = torch.utils.data.BatchSampler(sampler, args.batch_size, drop_last=True)  # B random indices at a time
-if args.batching != "pack":
+if args.batching != "pack":  # pack: train.py's blocks, as they are
     train_set = speeches(train_set, args.seq_len + 1)
     if len(train_set) < args.batch_size:
         common.die(f"--batch-size {args.batch_size} is larger than the {len(train_set)} speeches of this text")
     sampler = torch.utils.data.RandomSampler(train_set, generator=generator)
+if args.batching == "bucket":
+    batches = BucketBatchSampler([len(s) for s in train_set], args.batch_size, generator)
+else:  # B random indices at a time (what DataLoader builds inside from batch_size, sampler and drop_last)
     batches = torch.utils.data.BatchSampler(sampler, args.batch_size, drop_last=True)
-    if args.batching == "bucket":
-        batches = BucketBatchSampler([len(s) for s in train_set], args.batch_size, generator)
 print(f"--batching {args.batching}: {len(train_set)} samples", flush=True)
 # new # end
 train_loader = DataLoader(

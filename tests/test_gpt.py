@@ -6,10 +6,12 @@ clipped to norm 1.0 (the GPT's default), so a gradient of the wrong scale or fro
 first moments and in the weights.
 """
 
+import os
+
 import pytest
 import torch
-from conftest import REPO, assert_loads_into_train_py
-from test_equivalence import first_moments, relative_error, train, weights
+from conftest import REPO, assert_loads_into_train_py, run
+from test_equivalence import SAME, first_moments, relative_error, train, weights
 
 import common
 
@@ -172,10 +174,12 @@ def test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buc
     targets are the inputs shifted by one and padded on the right only (PAD after the real tokens, none before); each
     row's loss, from the row alone, unpadded, in its own forward pass, averaged over the batch's real tokens, gives
     every epoch's train loss within 1e-5 (a pad in the loss, a left pad or a sum instead of a mean is off by percents);
-    every epoch holds every speech once, the same speeches in both runs, in another order each epoch, its batches not
-    sorted by length (bucketing sorts inside its pools, then shuffles the batches); the run's
-    pad_share is the batches' pads over their tokens, and tokens/s counts real tokens. Bucketing pads less than a
-    quarter of what random batches pad. Then --batching pack: train.py's blocks, its weights bit for bit."""
+    every epoch holds every speech once (every character of the text but the first is a target once), the same
+    speeches in both runs, in another order each epoch, its batches not sorted by length (bucketing sorts inside its
+    pools, then shuffles the batches); the run's pad_share is the batches' pads over their tokens, and tokens/s counts
+    real tokens. Bucketing pads less than a quarter of what random batches pad. A bucketed run preempted inside its
+    second epoch and resumed ends with the uninterrupted run's weights, bit for bit. Then --batching pack: train.py's
+    blocks, its weights bit for bit. One pool only (153 speeches, pools of 900): the sort across pools is not tested."""
     flags = [*VARLEN, "--lr", "1e-9"]
     runs = {}
     for mode in ("pad", "bucket"):
@@ -185,13 +189,15 @@ def test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buc
         runs[mode]["batches"] = torch.load(batches)
     model, batch = common.build_model("gpt", 84, 64).eval(), int(VARLEN[VARLEN.index("--batch-size") + 1])
     speeches = {}
-    for mode, run in runs.items():
-        model.load_state_dict(run["state"]["model"])
-        metrics, epochs = run["metrics"], run["batches"]
+    for mode, result in runs.items():
+        model.load_state_dict(result["state"]["model"])
+        metrics, epochs = result["metrics"], result["batches"]
         assert len(epochs) == 2 and metrics["batching"] == mode
         real = padded = 0
         for epoch, record in zip(epochs, metrics["epochs"], strict=True):
             batch_losses, rows = [], []
+            # every character of the 128 blocks' text but the first is a target once an epoch (speeches overlap by one)
+            assert sum((targets != -100).sum().item() for _, targets in epoch) == 128 * 64
             for inputs, targets in epoch:
                 assert inputs.shape == targets.shape and inputs.size(0) == batch
                 lengths = (targets != -100).sum(dim=1)  # -100: the script's PAD, nn.CrossEntropyLoss's ignore_index
@@ -215,11 +221,22 @@ def test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buc
         assert metrics["pad_share"] == pytest.approx(1 - real / padded, rel=1e-9)
         samples = len(epochs) * len(epochs[0]) * batch
         assert metrics["tokens_per_sample"] == pytest.approx(real / samples, rel=1e-9)  # tokens/s: real tokens only
-        assert f"--batching {mode}: {len(first)} samples" in run["stdout"]  # every speech in every epoch
+        assert f"--batching {mode}: {len(first)} samples" in result["stdout"]  # every speech in every epoch
     assert sorted(speeches["pad"][0]) == sorted(speeches["bucket"][0])
-    share = {mode: run["metrics"]["pad_share"] for mode, run in runs.items()}
+    share = {mode: result["metrics"]["pad_share"] for mode, result in runs.items()}
     print(f"train_varlen.py: pad share {share}")
     assert share["bucket"] < share["pad"] / 4
+    # SIGTERM after step 20 (3 steps into epoch 2), then --resume: the resumed run skips the epoch's 3 done batches of
+    # the same shuffle (the sampler draws from the generator reseeded every epoch) and ends with the weights of the
+    # uninterrupted run, bit for bit
+    out = tmp_path / "resumed"
+    argv = ["src/train_varlen.py", *SAME, *flags, "--batching", "bucket", "--checkpoint-dir", out]
+    stopped = run("tests/crash_probe.py", "0:sigterm-at-step:20:0", "--", *argv, env={**os.environ, "RANK": "0"})
+    assert stopped.returncode == 143, stopped.stdout + stopped.stderr
+    resumed = train(out, "src/train_varlen.py", *flags, "--batching", "bucket", "--resume")
+    assert "resumed from" in resumed["stdout"] and resumed["state"]["step"] == 34
+    for key, value in runs["bucket"]["state"]["model"].items():
+        assert torch.equal(resumed["state"]["model"][key], value), key
     pack = train(tmp_path / "pack", "src/train_varlen.py", *GPT, "--batch-size", "16", "--batching", "pack")
     assert pack["state"]["step"] == base["state"]["step"] == 8
     for key, value in base["state"]["model"].items():

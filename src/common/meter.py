@@ -78,13 +78,14 @@ class Meter:
         self._wait = 0.0
         self.train_s = 0.0  # all training seconds between resume() and pause(), warm-up included
         self._t_train = None
-        self._progress = (time.perf_counter(), 0, 0)  # (time, steps, images) at the last progress() call
+        self._progress = (time.perf_counter(), 0, 0, 0)  # (time, steps, images, tokens) at the last progress() call
         self._all_images = 0
         self.activation_bytes = None  # measured on the first batch
         self._saved_hooks, self._storages = None, {}
         self.flops_per_image = None  # counted on the second step
         self.tokens_per_sample = None  # a language model's batch: (N, T) int64 tokens, T of them per sample
         self.window_tokens = 0  # real tokens inside the window(s), when step() is given them
+        self._all_tokens = 0  # real tokens of all steps, when step() is given them (the progress line)
         self._flops_tokens = None  # the counted step's real tokens, when step() is given them
         self._flop_counter = None
         for d in self.devices:
@@ -145,9 +146,10 @@ class Meter:
         tokens of a text batch whose samples differ in length (train_varlen.py), so that tokens/s counts those and
         not the padded (N, T) shape: the summary's tokens_per_sample is then the window's tokens / its samples.
         `measured=False` keeps a step after the warm-up out of images/s, step times and data-wait (train_compile.py:
-        a step in which torch.compile recompiled): the window closes at the previous step's end and a new one opens at this step's end. On a GPU,
-        work the previous steps left queued finishes inside that step and is left out too (at most a few steps'
-        worth against the seconds of a compile); `excluded_steps` in the summary counts such steps."""
+        a step in which torch.compile recompiled): the window closes at the previous step's end and a new one opens
+        at this step's end. On a GPU, work the previous steps left queued finishes inside that step and is left out
+        too (at most a few steps' worth against the seconds of a compile); `excluded_steps` in the summary counts such
+        steps."""
         self._stop_counting()
         if self._flop_counter is not None:
             self._flop_counter.__exit__(None, None, None)
@@ -156,6 +158,7 @@ class Meter:
             self._flops_tokens, self._counted_samples = tokens, n_images  # varying lengths: scaled in summary()
         self.steps += 1
         self._all_images += n_images
+        self._all_tokens += tokens or 0
         if self.first_step_s is None and self._t_train is not None:
             self.first_step_s = self.train_s + time.perf_counter() - self._t_train
         wait, self._wait = self._wait, 0.0
@@ -181,12 +184,14 @@ class Meter:
         """ "X images/s, Y ms/step" since the previous call (host clock; call it right after a synchronising
         `loss.item()`, so the GPU's queued work is counted)."""
         now = time.perf_counter()
-        t, steps, images = self._progress
-        self._progress = (now, self.steps, self._all_images)
+        t, steps, images, tokens = self._progress
+        self._progress = (now, self.steps, self._all_images, self._all_tokens)
         if self.steps == steps or now == t:
             return "no step since the last line"
         rate, unit = (self._all_images - images) / (now - t), "images/s"
-        if self.tokens_per_sample:
+        if self._all_tokens > tokens:  # real tokens counted by step(): batches of varying length
+            rate, unit = (self._all_tokens - tokens) / (now - t), "tokens/s"
+        elif self.tokens_per_sample:
             rate, unit = rate * self.tokens_per_sample, "tokens/s"
         return f"{rate:.0f} {unit}, {1e3 * (now - t) / (self.steps - steps):.1f} ms/step"
 
@@ -208,7 +213,7 @@ class Meter:
         """Start the training clock and, once the warm-up steps are done, open a window (synchronising the device)."""
         if self._t_train is None:
             self._t_train = self._sync()
-            self._progress = (self._t_train, self.steps, self._all_images)
+            self._progress = (self._t_train, self.steps, self._all_images, self._all_tokens)
         if self.steps >= self.warmup_steps and self._t_start is None:
             self._t_start = self._t_last = self._sync()
             self._wait = 0.0

@@ -92,7 +92,7 @@ def text_flops(args: argparse.Namespace, params: int | None, seq_len: int, count
     if shape is None or params is None:
         return {"flops_per_token": counted / seq_len if counted else None}
     depth, width = shape["depth"], shape["width"]
-    embeddings = (TEXT_VOCAB + seq_len) * width
+    embeddings = (TEXT_VOCAB + args.seq_len) * width  # the position table: --seq-len rows (T: the mean sample)
     palm = 6 * (params - embeddings) + 12 * depth * width * seq_len
     return {"flops_per_token": counted / seq_len if counted else None, "flops_per_token_palm": palm}
 
