@@ -190,7 +190,9 @@ def run_speeds(runs, blocked: bool = True) -> dict[int, float]:
     1000 / `step_ms_blocked` (images/s of the median block of steps, see common.meter.blocked), which seconds of
     another program's load in one block do not move; images/s over the whole window where a run has no blocked
     step time (a folder from before it), or with `blocked` False. `assess` compares a pair by one measure: the
-    whole window's for both runs where one has no blocked rate."""
+    whole window's for both runs where one has no blocked rate. A run of batches of varying length (train_varlen.py,
+    which records pad_share) is compared by its real tokens/s over the whole window: its steps differ in width, so
+    no block of them stands for the window, and a step's samples are not its work."""
     import pandas as pd
 
     def column(name):
@@ -200,10 +202,14 @@ def run_speeds(runs, blocked: bool = True) -> dict[int, float]:
     if "job" not in runs or "status" not in runs:  # nothing ran (every row skipped)
         return speeds
     by_block = blocked
-    for job, status, ips, batch, step in zip(
-        runs.job, runs.status, column("images_per_s"), column("global_batch"), column("step_ms_blocked"), strict=True
-    ):
+    for job, status, ips, batch, step, pads, tokens in zip(
+        runs.job, runs.status, column("images_per_s"), column("global_batch"), column("step_ms_blocked"),
+        column("pad_share"), column("tokens_per_s"), strict=True
+    ):  # fmt: skip
         if status != "ok" or pd.isna(job) or pd.isna(ips) or ips <= 0:
+            continue
+        if pd.notna(pads) and pd.notna(tokens):  # varying lengths: real tokens/s
+            speeds[int(job)] = tokens
             continue
         use = by_block and pd.notna(batch) and pd.notna(step) and step > 0 and batch > 0
         speeds[int(job)] = 1e3 * batch / step if use else ips

@@ -217,3 +217,22 @@ def test_rows_that_differ_only_in_their_environment_are_not_a_self_pair():
     matrix = [base, copy, threads]
     found = {c.row: c for c in pairs.comparisons(matrix)}
     assert pairs.is_self_pair(found["again"], matrix) and not pairs.is_self_pair(found["1 thread"], matrix)
+
+
+def test_runs_of_varying_length_compare_by_real_tokens_per_second_not_by_samples_per_step():
+    """A fixed-length run is compared by global batch x 1000 / its median block's step time (samples/s, robust to a
+    few seconds of load); a train_varlen.py run (pad_share recorded) by its real tokens/s over the whole window: a
+    bucketed step of short speeches and a padded step of 16 full-width ones are not the same work."""
+    import pandas as pd
+
+    runs = pd.DataFrame(
+        [
+            {"job": 0, "status": "ok", "images_per_s": 40.0, "global_batch": 16, "step_ms_blocked": 400.0,
+             "pad_share": None, "tokens_per_s": 10_240.0},
+            {"job": 1, "status": "ok", "images_per_s": 40.0, "global_batch": 16, "step_ms_blocked": 400.0,
+             "pad_share": 0.56, "tokens_per_s": 4_400.0},
+            {"job": 2, "status": "ok", "images_per_s": 90.0, "global_batch": 16, "step_ms_blocked": 150.0,
+             "pad_share": 0.01, "tokens_per_s": 9_800.0},
+        ]
+    )  # fmt: skip
+    assert pairs.run_speeds(runs) == {0: 40.0, 1: 4_400.0, 2: 9_800.0}
