@@ -2,7 +2,7 @@
 
 A language model's data rarely comes in equal blocks: documents, dialogue turns, instructions and answers differ in
 length. Here the samples are the training text cut at its blank lines (a speaker's speech, a stage direction, a
-scene's heading: 6 to 1,200 characters, a median of 62), each at most --seq-len + 1 characters (a longer speech is
+scene's heading: 4 to 3,244 characters, a median of 63), each at most --seq-len + 1 characters (a longer speech is
 cut in pieces). A DataLoader stacks equal shapes only, so `pad_batch`, its collate_fn, pads each batch on the right
 to its longest sample and marks the padding in the targets with PAD, which the loss ignores. How much a batch pads
 depends on who is in it:
