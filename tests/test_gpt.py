@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 from conftest import REPO, assert_loads_into_train_py, run
-from test_equivalence import SAME, first_moments, relative_error, train, weights
+from test_equivalence import SAME, assert_identical, first_moments, relative_error, train, weights
 
 import common
 
@@ -235,9 +235,7 @@ def test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buc
     assert stopped.returncode == 143, stopped.stdout + stopped.stderr
     resumed = train(out, "src/train_varlen.py", *flags, "--batching", "bucket", "--resume")
     assert "resumed from" in resumed["stdout"] and resumed["state"]["step"] == 34
-    for key, value in runs["bucket"]["state"]["model"].items():
-        assert torch.equal(resumed["state"]["model"][key], value), key
+    assert_identical(resumed["state"]["model"], runs["bucket"]["state"]["model"])
     pack = train(tmp_path / "pack", "src/train_varlen.py", *GPT, "--batch-size", "16", "--batching", "pack")
     assert pack["state"]["step"] == base["state"]["step"] == 8
-    for key, value in base["state"]["model"].items():
-        assert torch.equal(pack["state"]["model"][key], value), key
+    assert_identical(pack["state"]["model"], base["state"]["model"])

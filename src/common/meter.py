@@ -30,7 +30,7 @@ class Meter:
     - tokens/s: a language model's batch is (N, T) int64 tokens (noticed in `loader`): a sample is a sequence, and
       `tokens_per_sample` (T) turns samples/s into tokens/s, in the progress line and in the metrics (`report`).
       Samples of varying length, padded per batch: `step(..., tokens=real tokens)`, and tokens_per_sample is the
-      window's mean of real tokens per sample (the progress line still counts the last batch's padded T).
+      window's mean of real tokens per sample, and the progress line counts real tokens too.
     - step time p50/p90 (ms): host time between consecutive `step()` calls inside the window. Between the edges
       nothing synchronises, so on a GPU this is the rate at which the host can queue steps (equal to the GPU's rate
       once its queue is full); on CPU it is the step time itself.
@@ -86,7 +86,7 @@ class Meter:
         self.tokens_per_sample = None  # a language model's batch: (N, T) int64 tokens, T of them per sample
         self.window_tokens = 0  # real tokens inside the window(s), when step() is given them
         self._all_tokens = 0  # real tokens of all steps, when step() is given them (the progress line)
-        self._flops_tokens = None  # the counted step's real tokens, when step() is given them
+        self._flops_per_token = None  # the counted step's FLOPs per real token, when step() is given tokens
         self._flop_counter = None
         for d in self.devices:
             if d.type == "cuda":
@@ -155,7 +155,7 @@ class Meter:
             self._flop_counter.__exit__(None, None, None)
             flops, self._flop_counter = self._flop_counter.get_total_flops(), None
             self.flops_per_image = flops / n_images if flops else 0.0
-            self._flops_tokens, self._counted_samples = tokens, n_images  # varying lengths: scaled in summary()
+            self._flops_per_token = flops / tokens if tokens and flops else None  # varying lengths: see summary()
         self.steps += 1
         self._all_images += n_images
         self._all_tokens += tokens or 0
@@ -223,9 +223,8 @@ class Meter:
         """The counted step's FLOPs per sample; for batches of varying length (step() given tokens), its FLOPs per
         real token (the pads' work included) times the window's real tokens per sample, so that FLOPs per sample x
         samples/s is the work of the window's batches, not of the one counted."""
-        if self._flops_tokens and self.window_tokens and self.flops_per_image:
-            per_token = self.flops_per_image * self._counted_samples / self._flops_tokens
-            return per_token * self.window_tokens / self.images
+        if self._flops_per_token and self.window_tokens:
+            return self._flops_per_token * self.window_tokens / self.images
         return self.flops_per_image
 
     def summary(self) -> dict:
