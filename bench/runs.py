@@ -31,6 +31,8 @@ CONFIG_FIELDS = [
     "precision",
     "ac_mode",  # train_activation_checkpointing.py: full or selective
     "batching",  # train_varlen.py: pad, bucket or pack
+    "schedule",  # train_pipeline.py: gpipe, 1f1b, interleaved1f1b, interleavedzerobubble, zbvzerobubble
+    "stages_per_rank",  # train_pipeline.py
 ]
 RUN_FIELDS = [
     "script",

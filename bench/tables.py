@@ -215,8 +215,9 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             "what one process holds (FSDP shards them, TP splits every block, a pipeline stage holds its blocks); "
             "× the first row's."
             + (
-                " A pipeline's bubble: the share of a step its stages sat idle (measured by hooks, the mean over the "
-                "stages) against the theory's (p - 1) / (m + p - 1)."
+                " A pipeline's bubble: the share of a step its processes computed nothing (timed around each stage's "
+                "compute calls, the mean over the processes) against the theory's: (p - 1) / (v m + p - 1) for p "
+                "processes of v stages and m micro-batches, (p - 1) / (3 v m + p - 1) for a zero-bubble schedule."
                 if "pipeline bubble (measured / theory)" in table[-1]
                 else ""
             )

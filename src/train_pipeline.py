@@ -1,15 +1,16 @@
 r"""Pipeline parallelism: train_model_parallel.py + one process per stage, run by torch.distributed.pipelining.
 
-train_model_parallel.py cuts the model in two stages and runs both from one process; here each stage is a process of
-its own, started by torchrun, and a schedule moves the micro-batches' activations forward and their gradients back
-between them. GPipe (--schedule gpipe) runs every micro-batch's forward, then every backward; 1F1B (--schedule 1f1b)
-alternates them once the pipeline is full, so a stage keeps at most p micro-batches' activations, for the same
-bubble: each stage idles (p - 1) / (m + p - 1) of a step in theory (p stages, m micro-batches). Hooks measure it
-(bubble_measured beside bubble_theory in the metrics). It trains what train.py trains; the last stage writes last.pt,
-which train.py's model loads. Needs torch >= 2.15 (pipelining on gloo).
+The base's cut, into p x v stages: torchrun starts p processes that hold v stages each, and a schedule moves the
+micro-batches' activations forward and their gradients back between them. GPipe (every forward, then every backward)
+and 1F1B (one forward, one backward) run a stage per process; interleaved 1F1B, interleaved zero-bubble and ZB-V run
+two or more, which cuts the bubble (a process waiting for the others) to (p - 1) / (v m + p - 1) of a step for m
+micro-batches; the zero-bubble ones fill it with weight gradients. It is measured beside its theory (bubble_measured,
+bubble_theory). It trains what train.py trains; last.pt loads into train.py's model. Needs torch >= 2.15.
 
     torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --micro-batches 4   # 2 processes, gloo
     torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --schedule 1f1b --micro-batches 8
+    torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --schedule interleaved1f1b   # 4 stages
+    torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --schedule zbvzerobubble
     torchrun --nproc-per-node 2 src/train_pipeline.py --model resnet50 --dataset synthetic --batch-size 256 \
         --max-steps 50
     diff src/train_model_parallel.py src/train_pipeline.py                     # only the lines marked `# new #`
@@ -23,7 +24,7 @@ import torch
 import torch.distributed as dist  # new #
 import torch.nn as nn
 import torchvision  # new #
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe  # new #
+from torch.distributed.pipelining import PipelineStage, schedules  # new #
 from torch.utils.data import DataLoader
 from torch.utils.flop_counter import FlopCounterMode  # new #
 
@@ -39,23 +40,40 @@ parser.add_argument(  # new #
     default="params",
     help="cut where the stages' parameters (memory) or forward FLOPs (time) are most even",
 )
-parser.add_argument(  # new #
-    "--schedule", choices=["gpipe", "1f1b"], default="gpipe", help="all forwards then all backwards, or interleaved"
+# new # begin: torch's schedule names (any case): one stage per process, then several (interleaved, zero-bubble)
+parser.add_argument(
+    "--schedule",
+    choices=["gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble", "zbvzerobubble"],
+    default="gpipe",
+    type=str.lower,
+    help="how the micro-batches move through the stages",
 )
+parser.add_argument("--stages-per-rank", type=common.positive_int, help="default: 1 for gpipe and 1f1b, else 2")
+# new # end
 args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
     parser.error(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")  # new #
 common.env.require_torch("2.15", "train_pipeline.py (torch.distributed.pipelining on gloo)")  # new #
 if args.schedule == "1f1b" and args.micro_batches < 2:  # new #
     parser.error(f"--schedule 1f1b needs at least 2 micro-batches (one per stage), not {args.micro_batches}")  # new #
+# new # begin: GPipe and 1F1B run one stage per process, ZB-V two (the V: down the ranks, then back up)
+Schedule = schedules.get_schedule_class(args.schedule)
+single = issubclass(Schedule, schedules.PipelineScheduleSingle)
+args.stages_per_rank = args.stages_per_rank or (1 if single else 2)
+if (single and args.stages_per_rank != 1) or (args.schedule == "zbvzerobubble" and args.stages_per_rank != 2):
+    parser.error(f"--schedule {args.schedule} runs {1 if single else 2} stages per rank, not {args.stages_per_rank}")
+# new # end
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: one process per stage under torchrun (train_DDP.py's set-up)
 launch = "torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit"
 device, rank, world_size = common.distributed.setup(device, launch)
-if world_size != 2:
-    common.die(f"train_pipeline.py runs 2 stages, one per process: --nproc-per-node 2, not {world_size} processes")
-first, last = rank == 0, rank == world_size - 1  # the first stage gets the images, the last the labels
+if world_size < 2:
+    common.die("train_pipeline.py runs its stages in 2 or more processes: --nproc-per-node 2 or more")
+stages = world_size * args.stages_per_rank
+# looped placement: stage s on rank s % p (rank 0: stages 0 and p); the V: rank r holds stages r and 2p - 1 - r
+owner = [min(s, stages - 1 - s) if args.schedule == "zbvzerobubble" else s % world_size for s in range(stages)]
+first, last = owner[0] == rank, owner[-1] == rank  # the first stage gets the images, the last the labels
 master = last  # the last stage has the loss: it prints, evaluates, writes metrics and checkpoints
 # new # end
 
@@ -81,7 +99,7 @@ else:
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
 
 
-# new # begin: the model as blocks that run one after another, cut where --balance makes the two stages most even
+# new # begin: the model as blocks that run one after another, cut where --balance makes the stages most even
 if isinstance(model, torchvision.models.ResNet):  # ResNet.forward's steps, its residual blocks one by one
     blocks = [model.conv1, model.bn1, model.relu, model.maxpool, *model.layer1, *model.layer2, *model.layer3]
     blocks += [*model.layer4, model.avgpool, nn.Flatten(1), model.fc]  # forward flattens before fc: a layer here
@@ -100,16 +118,29 @@ for block in blocks:  # with autograd on, as in training (no inference-only fuse
     flops.append(counter.get_total_flops())  # forward FLOPs of one image (a multiply-add counts 2)
 if not torch.allclose(x, model(image)):  # a forward that does more than its blocks in a row cannot be cut so
     common.die(f"{args.model}'s blocks, run one after another, do not compute its forward; list them as it runs")
+if len(blocks) < stages:
+    common.die(f"{args.model} has {len(blocks)} blocks in a row: too few for {stages} stages")
 cost = params if args.balance == "params" else flops
-cut = min(range(1, len(blocks)), key=lambda i: max(sum(cost[:i]), sum(cost[i:])))
-stage_blocks = [blocks[:cut], blocks[cut:]]  # every rank knows both stages; it trains its own
-stage_params = [sum(params[:cut]), sum(params[cut:])]
-stage_gflops = [sum(flops[:cut]) / 1e9, sum(flops[cut:]) / 1e9]
+
+
+def parts(cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Each stage's (first block, last block + 1) when the blocks are cut before each index in `cuts`."""
+    return list(zip((0, *cuts), (*cuts, len(blocks))))
+
+
+def heaviest(cuts: tuple[int, ...]) -> float:
+    return max(sum(cost[a:b]) for a, b in parts(cuts))
+
+
+cuts = min(itertools.combinations(range(1, len(blocks)), stages - 1), key=heaviest)  # every cut, tried
+stage_blocks = [blocks[a:b] for a, b in parts(cuts)]  # every rank knows every stage; it trains its own
+stage_params = [sum(params[a:b]) for a, b in parts(cuts)]
+stage_gflops = [sum(flops[a:b]) / 1e9 for a, b in parts(cuts)]
 # new # end
 if master:  # new #
-    for i, (first_block, last_block) in enumerate([(0, cut - 1), (cut, len(blocks) - 1)]):  # new #
+    for i, (a, b) in enumerate(parts(cuts)):  # new #
         print(
-            f"stage {i} on rank {i}: blocks {first_block}-{last_block} of {len(blocks)}, {stage_params[i]:,} "  # new #
+            f"stage {i} on rank {owner[i]}: blocks {a}-{b - 1} of {len(blocks)}, {stage_params[i]:,} "  # new #
             f"parameters, {stage_gflops[i]:.3g} forward GFLOPs per image (--balance {args.balance})",  # new #
             flush=True,
         )
@@ -117,15 +148,19 @@ if master:  # new #
 
 # new # begin: this rank's stage, and the schedule that runs the micro-batches through all of them
 model.train()
-stage_module = nn.Sequential(*stage_blocks[rank])  # shares the blocks' parameters with `model`
-stage = PipelineStage(stage_module, stage_index=rank, num_stages=world_size, device=device)
-clock = common.meter.StageClock(stage_module, device)  # hooks time what this stage computes: the rest is its bubble
+mine = [s for s in range(stages) if owner[s] == rank]  # this rank's stages, in the model's order
+stage_module = nn.ModuleList(nn.Sequential(*stage_blocks[s]) for s in mine)  # shares the parameters with `model`
+pipe = [PipelineStage(stage_module[i], stage_index=s, num_stages=stages, device=device) for i, s in enumerate(mine)]
+clock = common.meter.StageClock(pipe, device)  # times what this rank's stages compute: the rest is its bubble
+rank_blocks = [[block for s in range(stages) if owner[s] == r for block in stage_blocks[s]] for r in range(world_size)]
 # new # end
 criterion = nn.CrossEntropyLoss()
 # new # begin: the schedule computes each micro-batch's loss (its mean) on the last stage and divides the summed
 # gradients by m (scale_grads): the gradient of the batch's mean loss, as train.py's
-Schedule = ScheduleGPipe if args.schedule == "gpipe" else Schedule1F1B
-schedule = Schedule(stage, n_microbatches=args.micro_batches, loss_fn=criterion, scale_grads=True)
+try:  # a single-stage schedule takes the stage, the others the list
+    schedule = Schedule(pipe[0] if single else pipe, args.micro_batches, loss_fn=criterion, scale_grads=True)
+except ValueError as error:  # torch's own check of the micro-batches against the stages and ranks
+    common.die(f"--schedule {args.schedule} with {args.micro_batches} micro-batches: {error}")
 # new # end
 optimizer = torch.optim.AdamW(stage_module.parameters(), lr=args.lr, weight_decay=5e-4)  # new # this stage's
 total_steps = args.epochs * len(train_loader)
@@ -144,9 +179,10 @@ if args.resume and checkpoint.exists():
     common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; the last says so
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
-if not master:  # new # the first rank keeps only its stage: the other blocks' memory is freed (meta: shapes only)
-    for block in stage_blocks[1]:  # new #
-        block.to("meta")  # new #
+if not master:  # new # the other ranks keep only their stages: the other blocks' memory is freed (meta: shapes only)
+    for s in set(range(stages)) - set(mine):  # new #
+        for block in stage_blocks[s]:  # new #
+            block.to("meta")  # new #
 if master:  # new #
     micro = args.batch_size // args.micro_batches  # new #
     print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches of {micro}", flush=True)  # new #
@@ -173,11 +209,12 @@ for epoch in range(start_epoch, args.epochs):
         # new # begin: the first stage feeds the images, the last gets the labels and returns the logits and losses
         losses = []
         clock.begin_step()
-        if first:
-            schedule.step(images.to(device, non_blocking=True))
-        else:
-            logits = schedule.step(target=labels.to(device, non_blocking=True), losses=losses)
+        inputs = [images.to(device, non_blocking=True)] if first else []
+        if last:
+            logits = schedule.step(*inputs, target=labels.to(device, non_blocking=True), losses=losses)
             loss = torch.stack(losses).mean()  # the micro-batches' mean losses: the batch's mean
+        else:
+            schedule.step(*inputs)
         clock.end_step()
         # new # end
         if args.clip_grad_norm:
@@ -201,10 +238,12 @@ for epoch in range(start_epoch, args.epochs):
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
             # new # every rank sends its stage to the last, which writes the whole model and each stage's AdamW state
-            common.distributed.save_stages(checkpoint, args, model, stage_blocks, optimizer, epoch, step)  # new #
+            common.distributed.save_stages(  # new #
+                checkpoint, args, model, rank_blocks, owner[-1], optimizer, epoch, step
+            )
         break
 
-    common.distributed.sync_stages(stage_blocks)  # new # the last rank gets the first stage: it evaluates the whole
+    common.distributed.sync_stages(rank_blocks, owner[-1])  # new # the last stage's rank gets all: it evaluates
     if master:  # new #
         val_loss, val_acc = common.evaluate(model, test_loader, device)  # new #
         epochs.append(
@@ -213,18 +252,25 @@ for epoch in range(start_epoch, args.epochs):
         print(common.epoch_line(epochs[-1]), flush=True)
     model.train()  # new # evaluate() left the shared blocks in eval mode
     if checkpoint:
-        common.distributed.save_stages(checkpoint, args, model, stage_blocks, optimizer, epoch + 1, step)  # new #
+        common.distributed.save_stages(  # new #
+            checkpoint, args, model, rank_blocks, owner[-1], optimizer, epoch + 1, step
+        )
     if step == total_steps:
         break
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = common.gather_summary(meter.summary(), same_images=True)  # new # the slowest stage's images/s
-# new # begin: the bubble, measured after the warm-up on every stage, against (p - 1) / (m + p - 1)
+# new # begin: the bubble, measured after the warm-up on every rank, against its theory with v stages per rank:
+# (p - 1) / (v m + p - 1) (GPipe, 1F1B, interleaved 1F1B); a zero-bubble schedule fills it with weight gradients:
+# (p - 1) / (3 v m + p - 1) when a forward, an input- and a weight-backward each take one unit (docs: the tables)
+units = 3 if "zerobubble" in args.schedule else 1  # per micro-batch and stage: F + B, or F + I + W
+theory = (world_size - 1) / (units * args.stages_per_rank * args.micro_batches + world_size - 1)
 bubble = [None] * world_size
 dist.all_gather_object(bubble, clock.idle_share(args.warmup_steps))
 flops_per_image = [None] * world_size  # each stage counted its own: the whole model's is their sum
 dist.all_gather_object(flops_per_image, summary["flops_per_image"])
 summary["flops_per_image"] = sum(flops_per_image) if None not in flops_per_image else None
+rank_params = [sum(n for n, r in zip(stage_params, owner) if r == rank_) for rank_ in range(world_size)]
 # new # end
 if master:  # new #
     common.report(
@@ -240,10 +286,12 @@ if master:  # new #
         balance=args.balance,  # new #
         schedule=args.schedule,  # new #
         bubble_measured=bubble,  # new # per stage: idle share of a step (median over steps)
-        bubble_theory=(world_size - 1) / (args.micro_batches + world_size - 1),  # new #
+        bubble_theory=theory,  # new #
+        stages_per_rank=args.stages_per_rank,  # new #
         stage_params=stage_params,  # new # parameters per stage
         stage_gflops=stage_gflops,  # new # forward GFLOPs per image per stage
-        params_per_rank=max(stage_params),  # new # what the larger stage's process trains
+        stage_ranks=owner,  # new # the rank that ran each stage
+        params_per_rank=max(rank_params),  # new # what the process with the most parameters trains
         steps=step,
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them

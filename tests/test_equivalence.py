@@ -767,26 +767,42 @@ def test_tensor_parallel_on_two_ranks_trains_train_py_s_weights_and_holds_half_o
     assert_loads_into_train_py(tp["checkpoint"])
 
 
-@pytest.mark.parametrize("schedule,clip", [("gpipe", "0"), ("1f1b", "1.0")])
-def test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_their_bubble(schedule, clip, unsplit,
-                                                                                          split):  # fmt: skip
-    """train_pipeline.py, 2 stages in 2 gloo processes (the cut of train_model_parallel.py --balance params: the
-    embedding and 2 blocks | 2 blocks and the head), 4 micro-batches of 16, GPipe and 1F1B, vs train.py on the same 8
-    batches of 64, GPipe unclipped (a gradient of the wrong scale shows: clipping to norm 1.0 would rescale it) and
-    1F1B clipped to norm 1.0 (the ViT's default: the norm over both stages). Compared: AdamW's first moments (each
-    stage's optimizer state from last.pt, in the model's parameter order: the gradients, which the schedule divides
-    by the 4 micro-batches), every weight after the 8 steps (the whole model the last stage gathered into last.pt) and the epoch's
-    train and test loss. Tolerance: 1e-5 relative for weights and losses, 3e-4 for the first moments (measured 3.2e-6
-    and 1.0e-4): the 4 micro-batches' gradients are added into .grad one after another where train.py computes one
-    sum, a float32 reassociation (4e-7 in the moments after one step), which 8 steps of AdamW grow most in the head,
-    whose weights start at 0; micro-batch losses not divided by
-    4, a clip by one stage's norm or a stage that runs a micro-batch twice are off by percents. The bubble, measured on
-    each stage, is a share of the step (0 to 1) beside the theory's (p - 1) / (m + p - 1) = 1/5."""
+def stage_moments(result: dict) -> list[torch.Tensor]:
+    """AdamW's exp_avg from a pipeline's last.pt (one optimizer state per rank, over the parameters of its stages in
+    their order) put back in the model's parameter order: the metrics name each stage's rank and parameter count."""
+    by_rank = [iter(s["exp_avg"] for s in state["state"].values()) for state in result["state"]["stage_optimizers"]]
+    metrics, stage, filled, moments = result["metrics"], 0, 0, []
+    for p in common.build_model("vit", 1, 28).parameters():
+        while filled == metrics["stage_params"][stage]:  # this stage's parameters are all taken: the next stage's
+            stage, filled = stage + 1, 0
+        moments.append(next(by_rank[metrics["stage_ranks"][stage]]))
+        filled += p.numel()
+    return moments
+
+
+# (--schedule, torch's name, --clip-grad-norm, each stage's rank, the bubble's theory for p = 2 and m = 4)
+SCHEDULES = [("gpipe", "GPipe", "0", [0, 1], 1 / 5),
+             ("1f1b", "1F1B", "1.0", [0, 1], 1 / 5),
+             ("interleaved1f1b", "Interleaved1F1B", "1.0", [0, 1, 0, 1], 1 / 9),
+             ("interleavedzerobubble", "InterleavedZeroBubble", "1.0", [0, 1, 0, 1], 1 / 25),
+             ("zbvzerobubble", "ZBVZeroBubble", "0", [0, 1, 1, 0], 1 / 25)]  # fmt: skip
+
+
+@pytest.mark.parametrize("schedule,name,clip,ranks,theory", SCHEDULES, ids=[s[0] for s in SCHEDULES])
+def test_pipeline_schedules_train_train_py_s_weights(schedule, name, clip, ranks, theory, unsplit, split):
+    """train_pipeline.py on 2 gloo processes, 4 micro-batches of 16, vs train.py on the same 8 batches of 64. GPipe
+    and 1F1B run 2 stages (the embedding and 2 blocks | 2 blocks and the head), the others 4 (2 per rank: looped,
+    or the V of ZB-V, whose rank 0 holds the first and the last), the zero-bubble ones with the backward split into
+    input and weight gradients. Unclipped runs show a gradient of the wrong scale (clipping to norm 1.0 would rescale
+    it); clipped ones clip by the norm over every stage. Compared: AdamW's first moments, every weight after the 8
+    steps (the whole model gathered into last.pt) and the epoch's train and test loss. Tolerance: 1e-5 relative for
+    weights and losses, 3e-4 for the moments: the micro-batches' gradients are added one after another where train.py
+    computes one sum, a float32 reassociation that 8 steps of AdamW grow most in the moments of the head, whose weights
+    start at 0. The bubble, measured on each rank, is a share of the step (0 to 1) beside its theory."""
     pp = split("train_pipeline.py", "--schedule", schedule, "--clip-grad-norm", clip)
     unsplit = unsplit(clip)
     assert pp["state"]["step"] == unsplit["state"]["step"] == 8
-    moments = [s["exp_avg"] for stage in pp["state"]["stage_optimizers"] for s in stage["state"].values()]
-    grads = relative_error(moments, first_moments(unsplit))
+    grads = relative_error(stage_moments(pp), first_moments(unsplit))
     error = relative_error(weights(pp), weights(unsplit))
     print(f"pipeline ({schedule}) vs train.py: first moments {grads:.1e}, weights {error:.1e} relative after 8 steps")
     assert grads < 3e-4 and error < 1e-5
@@ -794,15 +810,48 @@ def test_pipeline_stages_in_two_processes_train_train_py_s_weights_and_measure_t
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
         assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
     metrics = pp["metrics"]
-    assert metrics["bubble_theory"] == pytest.approx(1 / 5) and metrics["schedule"] == schedule
+    assert metrics["stage_ranks"] == ranks and metrics["schedule"] == schedule
+    assert metrics["bubble_theory"] == pytest.approx(theory)
     assert metrics["global_batch"] == 64 and metrics["micro_batches"] == 4
-    expected = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}[schedule]
-    assert f"pipeline: {expected}, 4 micro-batches of 16" in pp["stdout"]  # the schedule asked for ran
+    assert f"pipeline: Schedule{name}, 4 micro-batches of 16" in pp["stdout"]  # the schedule asked for ran
     assert len(metrics["bubble_measured"]) == 2 and all(0 < b < 1 for b in metrics["bubble_measured"])
-    assert sum(metrics["stage_params"]) == metrics["params"] and metrics["params_per_rank"] == max(
-        metrics["stage_params"]
-    )
+    per_rank = [sum(n for n, r in zip(metrics["stage_params"], ranks) if r == rank) for rank in (0, 1)]
+    assert sum(metrics["stage_params"]) == metrics["params"] and metrics["params_per_rank"] == max(per_rank)
     assert_loads_into_train_py(pp["checkpoint"])
+
+
+def test_fsdp_x_tp_on_a_2_by_2_mesh_trains_train_py_s_weights(unsplit, tmp_path):
+    """train_FSDP_TP.py on 4 gloo processes, a 2 x 2 (dp, tp) mesh: two data-parallel groups of 32 images a step,
+    each block split over a group's 2 tp ranks and sharded over the 2 groups, vs train.py on the same 8 batches of 64
+    (a group's 32 are every second image of train.py's batch), clipped to norm 1.0 over every shard. Compared: AdamW's
+    first moments (the full optimizer state in last.pt), every weight and the epoch's train and test loss (the train
+    loss averaged over the groups). Tolerance: as TP's test (1e-5 relative, 3e-4 for the moments): partial sums of
+    the row-wise layers and of the groups' gradients added in another order than train.py's. A tp pair fed different
+    batches, the groups fed the same one, or one group's loss reported are off by percents. Rank 0 holds half of its
+    tp slice of every parameter (FSDP's Shard(0): the first half of the rows when they do not split evenly)."""
+    flags = [*SPLIT, "--batch-size", "32", "--tp", "2", "--clip-grad-norm", "1.0"]  # the later --batch-size counts
+    two_d = train(tmp_path, "src/train_FSDP_TP.py", *flags, nproc=4)
+    unsplit = unsplit("1.0")
+    assert two_d["state"]["step"] == unsplit["state"]["step"] == 8
+    grads = relative_error(named_first_moments(two_d["state"]["full_optimizer"]), first_moments(unsplit))
+    error = relative_error(weights(two_d), weights(unsplit))
+    print(f"FSDP x TP vs train.py: first moments {grads:.1e}, weights {error:.1e} relative after 8 steps")
+    assert grads < 3e-4 and error < 1e-5
+    for a, b in zip(two_d["metrics"]["epochs"], unsplit["metrics"]["epochs"], strict=True):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-5)
+    held, vit = 0, common.build_model("vit", 1, 28)  # rank 0's share: its tp slice (q, k, v, fc1 by rows; the out and
+    for name, p in vit.named_parameters():  # fc2 weights by columns), then the first half of the rows
+        rows, row = p.shape[0], p[0].numel()
+        if re.search(r"attn\.[qkv]\.|mlp\.fc1\.", name):
+            rows //= 2
+        elif re.search(r"(attn\.out|mlp\.fc2)\.weight", name):
+            row //= 2
+        held += -(-rows // 2) * row
+    metrics = two_d["metrics"]
+    assert metrics["params_per_rank"] == held and metrics["params"] == sum(p.numel() for p in vit.parameters())
+    assert metrics["world_size"] == 4 and metrics["tp"] == 2 and metrics["global_batch"] == 64
+    assert_loads_into_train_py(two_d["checkpoint"])
 
 
 # (script, flags): the runs of the equivalence tests above that the resume test restarts (split's, made once)

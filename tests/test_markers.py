@@ -69,6 +69,7 @@ CHAINS = {
     "train_model_parallel.py": "train.py",
     "train_pipeline.py": "train_model_parallel.py",
     "train_TP.py": "train.py",
+    "train_FSDP_TP.py": "train_TP.py",
     "train_profile.py": "train.py",
     "train_sdpa.py": "train.py",
     "train_varlen.py": "train.py",

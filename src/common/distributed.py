@@ -88,27 +88,28 @@ def load_full_state(state: dict, model: torch.nn.Module, optimizer, lr: float, t
     )
 
 
-def sync_stages(stage_blocks: list[list[torch.nn.Module]]) -> None:
-    """Pipeline stages, one per rank in rank order, rank r training the blocks `stage_blocks[r]` of one model that
-    every rank built: every stage but the last broadcasts its blocks' weights and buffers in place, so that the last
-    rank holds the whole model, trained (to evaluate it or to write it). Every rank must call it (collectives)."""
-    for owner, owned in enumerate(stage_blocks[:-1]):
-        for block in owned:
-            for tensor in block.state_dict().values():  # they share storage with the block's own tensors
-                dist.broadcast(tensor, src=owner)
+def sync_stages(rank_blocks: list[list[torch.nn.Module]], to: int) -> None:
+    """Pipeline stages of one model that every rank built, rank r training the blocks `rank_blocks[r]` (its stages'
+    blocks): every rank but `to` broadcasts its blocks' weights and buffers in place, so that rank `to` (the last
+    stage's) holds the whole model, trained (to evaluate it or to write it). Every rank must call it (collectives)."""
+    for owner, owned in enumerate(rank_blocks):
+        if owner != to:
+            for block in owned:
+                for tensor in block.state_dict().values():  # they share storage with the block's own tensors
+                    dist.broadcast(tensor, src=owner)
 
 
 def save_stages(
-    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, stage_blocks: list, optimizer, epochs_done: int,
-    step: int,
+    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, rank_blocks: list, to: int, optimizer,
+    epochs_done: int, step: int,
 ) -> bool:  # fmt: skip
     """last.pt of a pipeline (see sync_stages): the whole `model` as train.py saves it, which train.py's model loads,
-    and "stage_optimizers", each stage's optimizer state by rank (checkpoint.load_part reads a rank's back); the last
-    rank writes it. Every rank must call it. Returns what save_checkpoint returns on the last rank (whether the file
-    was written), False on the others."""
-    sync_stages(stage_blocks)
+    and "stage_optimizers", each rank's optimizer state (over its stages' parameters) by rank (checkpoint.load_part
+    reads a rank's back); rank `to` writes it. Every rank must call it. Returns what save_checkpoint returns on rank
+    `to` (whether the file was written), False on the others."""
+    sync_stages(rank_blocks, to)
     stage_optimizers = [None] * dist.get_world_size()
     dist.all_gather_object(stage_optimizers, optimizer.state_dict())
-    if dist.get_rank() != dist.get_world_size() - 1:
+    if dist.get_rank() != to:
         return False
     return save_checkpoint(checkpoint, args, model, None, epochs_done, step, stage_optimizers=stage_optimizers)

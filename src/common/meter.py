@@ -5,16 +5,34 @@ from __future__ import annotations
 import resource
 import statistics
 import time
-import warnings
 
 import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
 GIB = 1024**3
-# FlopCounterMode tracks modules with global forward hooks while it counts one step; a torch.compile'd model called
-# then warns that such hooks fire twice. They only label the per-module breakdown, which the meter does not read.
-warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks on modules")
+
+
+class _TotalOnly:
+    """FlopCounterMode's module tracker without its hooks: the meter reads only the total ("Global"). The tracker's
+    global forward hooks make a torch.compile'd model warn that they fire twice, and its backward hooks fail inside
+    torch.autograd.grad (a zero-bubble pipeline's split backward: "A leaf node was passed to
+    _will_engine_execute_node")."""
+
+    parents = {"Global"}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *args) -> None:
+        pass
+
+
+def flop_counter() -> FlopCounterMode:
+    """A FlopCounterMode (display off) that counts every op's FLOPs into its total, without per-module labels."""
+    counter = FlopCounterMode(display=False)
+    counter.mod_tracker = _TotalOnly()
+    return counter
 
 
 class Meter:
@@ -137,7 +155,7 @@ class Meter:
                 self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
                 self._saved_hooks.__enter__()
             if self.steps == 1 and self.flops_per_image is None and self._flop_counter is None:
-                self._flop_counter = FlopCounterMode(display=False)  # until step(): every micro-batch of the step
+                self._flop_counter = flop_counter()  # until step(): every micro-batch of the step
                 self._flop_counter.__enter__()
             yield batch
 
@@ -265,45 +283,41 @@ class Meter:
 
 
 class StageClock:
-    """A pipeline stage's bubble: the share of each step in which this stage computed nothing. Hooks on the stage's
-    `module` time what it computes: each forward between its pre- and post-hooks; each backward from its output's
-    gradient (the first thing the stage computes in it) to the last gradient accumulated into a parameter. Use:
+    """A pipeline rank's bubble: the share of each step in which none of its stages computed. It wraps each stage's
+    compute calls (`forward_one_chunk`, `backward_one_chunk`, and the weight half of a split backward,
+    `backward_weight_one_chunk`: what a schedule runs between its sends and receives) to add up their seconds. Use:
     `clock.begin_step()` before the schedule runs a step, `clock.end_step()` after it, and `idle_share(warmup_steps)`
     at the end: the median over the steps after the warm-up of 1 - computing seconds / the step's seconds (a
-    fraction; None without a step). On CUDA every hook synchronises `device` (kernels run asynchronously), which
+    fraction; None without a step). On CUDA every call synchronises `device` (kernels run asynchronously), which
     serialises the work it times: there the bubble is that of a slowed schedule."""
 
-    def __init__(self, module: torch.nn.Module, device: torch.device):
+    def __init__(self, stages: list, device: torch.device):
         self.device, self.idle = device, []  # idle: per step, 1 - computing / the step's seconds
-        self.busy, self.start, self.end, self.step_start = 0.0, None, None, None
-        module.register_forward_pre_hook(lambda *_: self._begin())
-        module.register_forward_hook(self._forward_done)
-        for p in module.parameters():
-            p.register_post_accumulate_grad_hook(lambda _: setattr(self, "end", self._now()))
+        self.busy, self.step_start = 0.0, None
+        for stage in stages:  # torch.distributed.pipelining.PipelineStage objects
+            for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+                setattr(stage, name, self._timed(getattr(stage, name)))
 
     def _now(self) -> float:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def _begin(self, *_) -> None:  # a forward or a backward starts: the backward before it ended at its last gradient
-        if self.start is not None and self.end is not None:
-            self.busy += self.end - self.start
-        self.start, self.end = self._now(), None
+    def _timed(self, compute):
+        def timed(*args, **kwargs):
+            start = self._now()
+            try:
+                return compute(*args, **kwargs)
+            finally:
+                self.busy += self._now() - start
 
-    def _forward_done(self, module, inputs, output) -> None:
-        self.busy += self._now() - self.start
-        self.start = None
-        if output.requires_grad:  # its gradient arrives when this stage's backward of the micro-batch starts
-            output.register_hook(self._begin)
+        return timed
 
     def begin_step(self) -> None:
-        self.busy, self.start, self.end, self.step_start = 0.0, None, None, self._now()
+        self.busy, self.step_start = 0.0, self._now()
 
     def end_step(self) -> None:
-        self._begin()  # closes the last backward
         self.idle.append(1 - self.busy / (self._now() - self.step_start))
-        self.start = None
 
     def idle_share(self, warmup_steps: int) -> float | None:
         return statistics.median(self.idle[warmup_steps:] or self.idle) if self.idle else None

@@ -1,0 +1,202 @@
+"""2-D parallelism: train_TP.py + FSDP over a second mesh dimension: a (dp, tp) mesh of dp x tp processes.
+
+Tensor parallelism splits every block's Linears over the tp ranks of a group, which train on the same batch; FSDP2
+shards what each group holds once more over the dp groups, which train on different batches (torchtitan's layout:
+TP inside a node, where its per-layer all-reduces are cheap, FSDP across nodes, where its all-gathers of whole blocks
+overlap compute). Each process holds about 1 / (dp x tp) of the weights, gradients and AdamW state. It trains what
+train.py trains at a global batch of dp x --batch-size; last.pt holds the whole model, which train.py's model loads.
+
+    torchrun --nproc-per-node 4 src/train_FSDP_TP.py --device cpu --model vit --tp 2   # a 2 x 2 mesh, 4 processes
+    torchrun --nproc-per-node 8 src/train_FSDP_TP.py --model gpt2 --tp 4 --batch-size 8   # 8 GPUs: 2 x 4
+    diff src/train_TP.py src/train_FSDP_TP.py                                          # only the lines marked `# new #`
+
+More: docs/techniques/train_FSDP_TP.md
+"""
+
+import itertools
+
+import torch
+import torch.distributed as dist  # new #
+import torch.nn as nn
+from torch.distributed.device_mesh import init_device_mesh  # new #
+from torch.distributed.fsdp import fully_shard  # new #
+from torch.distributed.tensor import DTensor  # new #
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # new #
+from torch.utils.data import DataLoader
+from torch.utils.data.distributed import DistributedSampler  # new #
+
+import common
+
+parser = common.get_parser(__doc__)
+parser.add_argument(  # new #
+    "--tp", type=common.positive_int, default=2, help="ranks that split each block; FSDP shards over the rest"
+)
+args = common.parse_args(parser)
+common.env.require_torch("2.15", "train_FSDP_TP.py (FSDP2 and DTensor on a CPU mesh with gloo)")  # new #
+if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
+    parser.error(f"train_FSDP_TP.py splits attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
+generator = common.seed_everything(args.seed, args.deterministic)
+device = common.get_device(args.device)
+# new # begin: one process per device under torchrun (train_DDP.py's set-up), then the two-dimensional mesh
+launch = "torchrun --nproc-per-node 4 src/train_FSDP_TP.py --device cpu --model vit --tp 2"
+# new # end
+device, rank, world_size = common.distributed.setup(device, launch)  # every rank runs this script
+master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
+# new # begin: rank r is tp rank r % tp of data-parallel group r // tp (a group's ranks are neighbours: one node)
+if world_size % args.tp:
+    common.die(f"--tp {args.tp} must divide the {world_size} processes: the mesh is (world size / tp) x tp")
+dp = world_size // args.tp
+mesh = init_device_mesh(device.type, (dp, args.tp), mesh_dim_names=("dp", "tp"))
+dp_rank = mesh.get_local_rank("dp")  # which data-parallel group: the tp ranks of a group share its batches
+# new # end
+
+# -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
+sampler = None  # new # synthetic data: every group makes its own batch
+if args.dataset == "synthetic":
+    train_loader, test_loader = common.synthetic_data(args, device, seed=dp_rank)  # new # another batch per group
+else:
+    train_set, test_set = common.load_data(args)
+    # new # each group trains on its own 1/dp of the shuffled indices (train_DDP.py's sampler, over the groups)
+    sampler = DistributedSampler(train_set, num_replicas=dp, rank=dp_rank, shuffle=True, seed=args.seed)  # new #
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.init_worker,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+
+# -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
+model = common.build_model(args.model, *common.input_shape(args)).to(device)
+# new # begin: split every block's Linears over the "tp" ranks; every rank built the same weights from the same seed
+heads = model.blocks[0].attn.q.out_features // model.blocks[0].attn.head_dim
+if heads % args.tp:  # new # a head is never split: each rank runs heads / tp whole heads
+    common.die(f"the {args.model} has {heads} heads, which --tp {args.tp} cannot share evenly; use a divisor")  # new #
+for block in model.blocks:
+    plan = {
+        "attn.q": ColwiseParallel(),  # weight split by output features: heads / tp heads per rank
+        "attn.k": ColwiseParallel(),
+        "attn.v": ColwiseParallel(),
+        "attn.out": RowwiseParallel(),  # weight split by input features: partial sums, then an all-reduce
+        "mlp.fc1": ColwiseParallel(),  # mlp / tp hidden units per rank
+        "mlp.fc2": RowwiseParallel(),
+    }  # the block's output is whole on every rank again: the LayerNorms and the residual adds run unsplit
+    parallelize_module(block, mesh["tp"], plan)  # new #
+# then FSDP2 over "dp": each block's tp shards cut again by dp, all-gathered just before its forward
+for block in model.blocks:
+    fully_shard(block, mesh=mesh["dp"])
+fully_shard(model, mesh=mesh["dp"])  # the rest (embedding, final norm, head) as one more unit
+params = sum(p.numel() for p in model.parameters())  # DTensors: numel() is the whole parameter's
+params_per_rank = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in model.parameters())
+if master:
+    print(f"FSDP x TP: a {dp} x {args.tp} mesh, {heads // args.tp} heads per rank, {params_per_rank:,} of "
+          f"{params:,} parameters on rank 0", flush=True)  # fmt: skip
+# new # end
+criterion = nn.CrossEntropyLoss()
+optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
+total_steps = args.epochs * len(train_loader)
+if args.max_steps:
+    total_steps = min(total_steps, args.max_steps)
+
+start_epoch, step = 0, 0
+checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
+if args.resume and checkpoint.exists():
+    state = common.load_checkpoint(checkpoint, args, None, None, "cpu")  # new # checks only: shards loaded next
+    common.distributed.load_full_state(state, model, optimizer, args.lr, total_steps)  # new # whole in, shards kept
+    start_epoch, step = state["epoch"], state["step"]
+    if master:  # new #
+        print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
+    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
+# one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
+scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+
+# -- training -----------------------------------------------------------------------------------------------------
+meter = common.Meter(device, args.warmup_steps)
+preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+epochs = []
+if master:  # new #
+    batch = f"{dp} x {args.batch_size}"  # new # a batch per data-parallel group
+    print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {batch}", flush=True)  # new #
+for epoch in range(start_epoch, args.epochs):
+    model.train()
+    meter.resume()
+    if sampler is not None:  # new # the epoch's shuffle (seed + epoch), the same permutation in every group
+        sampler.set_epoch(epoch)  # new #
+    done = max(0, step - epoch * len(train_loader))  # steps of this epoch a preempted run took already (else 0)
+    loss_sum = torch.zeros((), device=device)  # summed on the device: no sync per step
+    epoch_steps = 0
+    for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
+        if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
+            break
+        images = images.to(device, non_blocking=True)
+        labels = labels.to(device, non_blocking=True)
+        logits = model(images)
+        loss = criterion(logits, labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if args.clip_grad_norm:
+            # new # begin: the norm of every gradient, sharded or not (a shard's norm is a partial one until
+            # full_tensor() adds the squares over the ranks); one tensor at a time: foreach kernels refuse a mix of
+            # DTensors and plain tensors
+            norms = [torch.linalg.vector_norm(p.grad) for p in model.parameters() if p.grad is not None]
+            norms = [n.full_tensor() if isinstance(n, DTensor) else n for n in norms]
+            total_norm = torch.linalg.vector_norm(torch.stack(norms))
+            nn.utils.clip_grads_with_norm_(model.parameters(), args.clip_grad_norm, total_norm, foreach=False)
+            # new # end
+        optimizer.step()
+        scheduler.step()
+        step += 1
+        epoch_steps += 1
+        loss_sum += loss.detach()
+        meter.step(images.size(0))
+        if master and step % args.log_every == 0:  # new #
+            print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
+        if step == total_steps:
+            break
+    meter.pause()  # synchronises: evaluation is not training time
+    if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
+        if checkpoint:
+            common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch, step)  # new # a collective
+        break
+
+    # new # every rank evaluates: the model's forward is collective
+    val_loss, val_acc = common.evaluate(model, test_loader, device)
+    dist.all_reduce(loss_sum, group=mesh["dp"].get_group())  # new # the epoch's train loss over the global batch
+    loss_sum /= dp  # new #
+    epochs.append(
+        common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
+    )
+    if master:  # new #
+        print(common.epoch_line(epochs[-1]), flush=True)
+    if checkpoint:
+        common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch + 1, step)  # new # rank 0 writes
+    if step == total_steps:
+        break
+
+# -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
+summary = common.gather_summary(meter.summary(), same_images=True)  # new # the slowest rank's images/s
+if summary["images_per_s"] is not None:  # new # ... are its group's: dp groups train on different images
+    summary["images_per_s"] *= dp  # new #
+if master:  # new #
+    common.report(
+        args,
+        summary,
+        epochs,
+        precision=common.precision_label(device),
+        device=device,
+        world_size=world_size,  # new #
+        global_batch=dp * args.batch_size,  # new # each group its own batch, its tp ranks the same one
+        tp=args.tp,  # new #
+        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
+        steps=step,
+        params=params,  # new # the whole model's
+        params_per_rank=params_per_rank,  # new # what rank 0 holds of it
+        test_images=len(test_loader.dataset),  # evaluate() counts every one of them
+    )
+# new # (no sample text: the model is split over the ranks; train.py shows what the GPT learned)
+dist.destroy_process_group()  # new # leave the group cleanly before exiting
+preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)
