@@ -54,8 +54,6 @@ args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
     parser.error(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")  # new #
 common.env.require_torch("2.15", "train_pipeline.py (torch.distributed.pipelining on gloo)")  # new #
-if args.schedule == "1f1b" and args.micro_batches < 2:  # new #
-    parser.error(f"--schedule 1f1b needs at least 2 micro-batches (one per stage), not {args.micro_batches}")  # new #
 # new # begin: GPipe and 1F1B run one stage per process, ZB-V two (the V: down the ranks, then back up)
 Schedule = schedules.get_schedule_class(args.schedule)
 single = issubclass(Schedule, schedules.PipelineScheduleSingle)
