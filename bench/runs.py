@@ -33,6 +33,7 @@ CONFIG_FIELDS = [
     "batching",  # train_varlen.py: pad, bucket or pack
     "schedule",  # train_pipeline.py: gpipe, 1f1b, interleaved1f1b, interleavedzerobubble, zbvzerobubble
     "stages_per_rank",  # train_pipeline.py
+    "tp",  # train_FSDP_TP.py: the tensor-parallel ranks of each data-parallel group
 ]
 RUN_FIELDS = [
     "script",
