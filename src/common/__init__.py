@@ -24,7 +24,7 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
-                gather_summary (over ranks), StageClock (a pipeline stage's bubble)                 []
+                gather_summary (over ranks), StageClock (a pipeline rank's bubble)                  []
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
                                                                                                      gpt, io, meter,
