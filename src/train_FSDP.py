@@ -46,15 +46,11 @@ parser.add_argument(  # new #
     "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
 )
 parser.add_argument(  # new #
-    "--param-dtype",
-    choices=["float32", "bfloat16"],
-    default="float32",
-    help="MixedPrecisionPolicy: the dtype blocks are gathered and run in (shards, optimizer, reduction: float32)",
+    "--param-dtype", choices=["float32", "bfloat16"], default="float32", help="MixedPrecisionPolicy's param_dtype: "
+    "what the blocks are gathered and run in (shards, optimizer, gradient reduction: float32)",
 )
 parser.add_argument(  # new #
-    "--async-checkpoint",
-    action="store_true",
-    help="dcp.async_save: the shards are written by a background thread while training goes on (not on SIGTERM)",
+    "--async-checkpoint", action="store_true", help="dcp.async_save: the shards written while training goes on"
 )
 args = common.parse_args(parser)
 if args.param_dtype == "bfloat16" and args.model not in ("vit", "mlp"):  # new #
@@ -93,7 +89,6 @@ else:
     # new # begin: each rank trains on its own 1/world_size of the shuffled indices and tests on its own shard
     sampler = DistributedSampler(train_set, num_replicas=world_size, rank=rank, shuffle=True, seed=args.seed)
     test_set = torch.utils.data.Subset(test_set, range(rank, len(test_set), world_size))  # no padding: each image once
-    # (FSDP's forward is a collective: every rank must run as many test batches, or the extra ones hang)
     # new # end
     train_loader = DataLoader(
         train_set,
@@ -106,13 +101,8 @@ else:
         worker_init_fn=common.init_worker,
     )
     test_loader = DataLoader(test_set, batch_size=1000)
-# new # begin: every rank must run as many test batches (FSDP's forward all-gathers): else one line, not a hang
-counts = torch.tensor([len(test_loader), -len(test_loader)], device=device)
-dist.all_reduce(counts, op=dist.ReduceOp.MAX)
-most, fewest = counts[0].item(), -counts[1].item()
-if most != fewest:
-    common.die(f"the test shards make {fewest}-{most} batches per rank: FSDP needs the same count everywhere")
-# new # end
+# new # every rank must run as many test batches (FSDP's forward all-gathers): else one line, not a hang
+common.distributed.require_same_count(len(test_loader), device, "test batches")  # new #
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
@@ -251,8 +241,7 @@ for epoch in range(start_epoch, args.epochs):
             break
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
-        # new # every rank writes its shards, unless last.pt's hold this step already (rewriting them in place would
-        # new # put the only checkpoint at risk): a SIGTERM during an epoch-end save or right after a resume
+        # new # every rank writes its shards, unless last.pt's hold this step already (a SIGTERM right after a save)
         if checkpoint and step != saved_step:  # new #
             save_sharded(epoch, wait=True)  # new # `epoch` epochs finished; written before the process ends
         break

@@ -39,11 +39,9 @@ if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and 
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: one process per device under torchrun (train_DDP.py's set-up), then the two-dimensional mesh
-launch = "torchrun --nproc-per-node 4 src/train_FSDP_TP.py --device cpu --model vit --tp 2"
-# new # end
-device, rank, world_size = common.distributed.setup(device, launch)  # every rank runs this script
+device, rank, world_size = common.distributed.setup(device, nproc=4)  # every rank runs this script
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
-# new # begin: rank r is tp rank r % tp of data-parallel group r // tp (a group's ranks are neighbours: one node)
+# rank r is tp rank r % tp of data-parallel group r // tp (a group's ranks are neighbours: one node)
 if world_size % args.tp:
     common.die(f"--tp {args.tp} must divide the {world_size} processes: the mesh is (world size / tp) x tp")
 dp = world_size // args.tp

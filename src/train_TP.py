@@ -37,8 +37,7 @@ if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and 
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: one process per device under torchrun (train_DDP.py's set-up), then the one-dimensional "tp" mesh
-launch = "torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit"
-device, rank, world_size = common.distributed.setup(device, launch)  # every rank runs this script
+device, rank, world_size = common.distributed.setup(device)  # every rank runs this script
 master = rank == 0  # only rank 0 prints, writes metrics and checkpoints
 mesh = init_device_mesh(device.type, (world_size,), mesh_dim_names=("tp",))
 # new # end

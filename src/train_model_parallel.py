@@ -45,6 +45,7 @@ if device.type == "cuda" and torch.cuda.device_count() >= 2:
 else:
     devices = [device, device]
     print(f"model parallelism needs 2 GPUs, {torch.cuda.device_count()} visible: both stages on {device}", flush=True)
+stages = len(devices)
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
@@ -69,7 +70,7 @@ else:
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
 
 
-# new # begin: the model as blocks that run one after another, cut where --balance makes the two stages most even
+# new # begin: the model as blocks that run one after another, cut where --balance makes the stages most even
 if isinstance(model, torchvision.models.ResNet):  # ResNet.forward's steps, its residual blocks one by one
     blocks = [model.conv1, model.bn1, model.relu, model.maxpool, *model.layer1, *model.layer2, *model.layer3]
     blocks += [*model.layer4, model.avgpool, nn.Flatten(1), model.fc]  # forward flattens before fc: a layer here
@@ -88,18 +89,32 @@ for block in blocks:  # with autograd on, as in training (no inference-only fuse
     flops.append(counter.get_total_flops())  # forward FLOPs of one image (a multiply-add counts 2)
 if not torch.allclose(x, model(image)):  # a forward that does more than its blocks in a row cannot be cut so
     common.die(f"{args.model}'s blocks, run one after another, do not compute its forward; list them as it runs")
+if len(blocks) < stages:
+    common.die(f"{args.model} has {len(blocks)} blocks in a row: too few for {stages} stages")
 cost = params if args.balance == "params" else flops
-cut = min(range(1, len(blocks)), key=lambda i: max(sum(cost[:i]), sum(cost[i:])))
-stages = [nn.Sequential(*blocks[:cut]).to(devices[0]), nn.Sequential(*blocks[cut:]).to(devices[1])]
-stage_params = [sum(params[:cut]), sum(params[cut:])]
-stage_gflops = [sum(flops[:cut]) / 1e9, sum(flops[cut:]) / 1e9]
-for i, (first, last) in enumerate([(0, cut - 1), (cut, len(blocks) - 1)]):
+
+
+def parts(cuts: tuple[int, ...]) -> list[tuple[int, int]]:
+    """Each stage's (first block, last block + 1) when the blocks are cut before each index in `cuts`."""
+    return list(zip((0, *cuts), (*cuts, len(blocks))))
+
+
+def heaviest(cuts: tuple[int, ...]) -> float:
+    """The cost of the costliest stage: the cut that makes it least is the most even."""
+    return max(sum(cost[a:b]) for a, b in parts(cuts))
+
+
+cuts = min(itertools.combinations(range(1, len(blocks)), stages - 1), key=heaviest)  # every cut, tried
+stage_blocks = [blocks[a:b] for a, b in parts(cuts)]
+stage_params = [sum(params[a:b]) for a, b in parts(cuts)]
+stage_gflops = [sum(flops[a:b]) / 1e9 for a, b in parts(cuts)]
+for i, (a, b) in enumerate(parts(cuts)):
     print(
-        f"stage {i} on {devices[i]}: blocks {first}-{last} of {len(blocks)}, {stage_params[i]:,} parameters, "
-        f"{stage_gflops[i]:.3g} forward GFLOPs per image (--balance {args.balance})",
+        f"stage {i} on {devices[i]}: blocks {a}-{b - 1} of {len(blocks)}, "
+        f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
+        f"(--balance {args.balance})",
         flush=True,
     )
-
 
 class Pipeline(nn.Module):
     """The two stages as one module: (N, C, H, W) on devices[0] -> (N, classes) logits on devices[1]."""
@@ -118,7 +133,8 @@ class Pipeline(nn.Module):
         return torch.cat(outputs)
 
 
-pipeline = Pipeline(stages, args.micro_batches)  # `model` keeps its own keys: checkpoints load into train.py
+on_devices = [nn.Sequential(*part).to(d) for part, d in zip(stage_blocks, devices)]  # stage i on devices[i]
+pipeline = Pipeline(on_devices, args.micro_batches)  # `model` keeps its own keys: checkpoints load into train.py
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)

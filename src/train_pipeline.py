@@ -40,39 +40,30 @@ parser.add_argument(  # new #
     default="params",
     help="cut where the stages' parameters (memory) or forward FLOPs (time) are most even",
 )
-# new # begin: torch's schedule names (any case): one stage per process, then several (interleaved, zero-bubble)
-parser.add_argument(
+parser.add_argument(  # new # torch's schedule names (any case): one stage per process, then several
     "--schedule",
     choices=["gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble", "zbvzerobubble"],
     default="gpipe",
     type=str.lower,
     help="how the micro-batches move through the stages",
 )
-parser.add_argument("--stages-per-rank", type=common.positive_int, help="default: 1 for gpipe and 1f1b, else 2")
-# new # end
+parser.add_argument("--stages-per-rank", type=common.positive_int, help="default: 1 for gpipe, 1f1b; else 2")  # new #
 args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
     parser.error(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")  # new #
 common.env.require_torch("2.15", "train_pipeline.py (torch.distributed.pipelining on gloo)")  # new #
-# new # begin: GPipe and 1F1B run one stage per process, ZB-V two (the V: down the ranks, then back up)
-Schedule = schedules.get_schedule_class(args.schedule)
-single = issubclass(Schedule, schedules.PipelineScheduleSingle)
-args.stages_per_rank = args.stages_per_rank or (1 if single else 2)
-if (single and args.stages_per_rank != 1) or (args.schedule == "zbvzerobubble" and args.stages_per_rank != 2):
-    parser.error(f"--schedule {args.schedule} runs {1 if single else 2} stages per rank, not {args.stages_per_rank}")
-# new # end
+Schedule = schedules.get_schedule_class(args.schedule)  # new #
+single = issubclass(Schedule, schedules.PipelineScheduleSingle)  # new # GPipe and 1F1B: one stage per process
+args.stages_per_rank = args.stages_per_rank or (1 if single else 2)  # new # ZB-V: 2 (down the ranks and back up)
+if (single and args.stages_per_rank != 1) or (args.schedule == "zbvzerobubble" and args.stages_per_rank != 2):  # new #
+    parser.error(f"--schedule {args.schedule} runs {2 - single} stages per rank, not {args.stages_per_rank}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: one process per stage under torchrun (train_DDP.py's set-up)
-launch = "torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit"
-device, rank, world_size = common.distributed.setup(device, launch)
-if world_size < 2:
-    common.die("train_pipeline.py runs its stages in 2 or more processes: --nproc-per-node 2 or more")
-stages = world_size * args.stages_per_rank
-# looped placement: stage s on rank s % p (rank 0: stages 0 and p); the V: rank r holds stages r and 2p - 1 - r
+device, rank, world_size = common.distributed.setup(device, min_world_size=2)  # stages in 2+ processes
+stages = world_size * args.stages_per_rank  # looped: stage s on rank s % p; the V: rank r runs r and 2p - 1 - r
 owner = [min(s, stages - 1 - s) if args.schedule == "zbvzerobubble" else s % world_size for s in range(stages)]
-first, last = owner[0] == rank, owner[-1] == rank  # the first stage gets the images, the last the labels
-master = last  # the last stage has the loss: it prints, evaluates, writes metrics and checkpoints
+master = owner[-1] == rank  # the last stage has the loss: it prints, evaluates, writes metrics and checkpoints
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
@@ -127,34 +118,32 @@ def parts(cuts: tuple[int, ...]) -> list[tuple[int, int]]:
 
 
 def heaviest(cuts: tuple[int, ...]) -> float:
+    """The cost of the costliest stage: the cut that makes it least is the most even."""
     return max(sum(cost[a:b]) for a, b in parts(cuts))
 
 
 cuts = min(itertools.combinations(range(1, len(blocks)), stages - 1), key=heaviest)  # every cut, tried
-stage_blocks = [blocks[a:b] for a, b in parts(cuts)]  # every rank knows every stage; it trains its own
+stage_blocks = [blocks[a:b] for a, b in parts(cuts)]
 stage_params = [sum(params[a:b]) for a, b in parts(cuts)]
 stage_gflops = [sum(flops[a:b]) / 1e9 for a, b in parts(cuts)]
 # new # end
-if master:  # new #
-    for i, (a, b) in enumerate(parts(cuts)):  # new #
+if master:  # new # the last stage's rank prints
+    for i, (a, b) in enumerate(parts(cuts)):
         print(
-            f"stage {i} on rank {owner[i]}: blocks {a}-{b - 1} of {len(blocks)}, {stage_params[i]:,} "  # new #
-            f"parameters, {stage_gflops[i]:.3g} forward GFLOPs per image (--balance {args.balance})",  # new #
+            f"stage {i} on rank {owner[i]}: blocks {a}-{b - 1} of {len(blocks)}, "  # new #
+            f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
+            f"(--balance {args.balance})",
             flush=True,
         )
 
 
 # new # begin: this rank's stage, and the schedule that runs the micro-batches through all of them
-model.train()
 mine = [s for s in range(stages) if owner[s] == rank]  # this rank's stages, in the model's order
 stage_module = nn.ModuleList(nn.Sequential(*stage_blocks[s]) for s in mine)  # shares the parameters with `model`
 pipe = [PipelineStage(stage_module[i], stage_index=s, num_stages=stages, device=device) for i, s in enumerate(mine)]
-clock = common.meter.StageClock(pipe, device)  # times what this rank's stages compute: the rest is its bubble
-rank_blocks = [[block for s in range(stages) if owner[s] == r for block in stage_blocks[s]] for r in range(world_size)]
 # new # end
 criterion = nn.CrossEntropyLoss()
-# new # begin: the schedule computes each micro-batch's loss (its mean) on the last stage and divides the summed
-# gradients by m (scale_grads): the gradient of the batch's mean loss, as train.py's
+# new # begin: each micro-batch's mean loss on the last stage, the summed gradients / m (scale_grads): train.py's
 try:  # a single-stage schedule takes the stage, the others the list
     schedule = Schedule(pipe[0] if single else pipe, args.micro_batches, loss_fn=criterion, scale_grads=True)
 except ValueError as error:  # torch's own check of the micro-batches against the stages and ranks
@@ -169,29 +158,25 @@ start_epoch, step = 0, 0
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, None, device)  # new # the whole model, every rank
-    # new # this stage's AdamW state: one line, not a traceback, when it does not fit (a damaged file)
-    common.load_part(checkpoint, optimizer, state, "stage_optimizers", rank)  # new #
+    common.load_part(checkpoint, optimizer, state, "stage_optimizers", rank)  # new # this stage's AdamW state
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; the last says so
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
-if not master:  # new # the other ranks keep only their stages: the other blocks' memory is freed (meta: shapes only)
-    for s in set(range(stages)) - set(mine):  # new #
-        for block in stage_blocks[s]:  # new #
-            block.to("meta")  # new #
-if master:  # new #
-    micro = args.batch_size // args.micro_batches  # new #
-    print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches of {micro}", flush=True)  # new #
+if not master:  # new # the other ranks keep only their stages: the others' memory is freed (meta: shapes only)
+    nn.ModuleList(block for s in range(stages) if s not in mine for block in stage_blocks[s]).to("meta")  # new #
 
 
 # -- training -----------------------------------------------------------------------------------------------------
-meter = common.Meter(device, args.warmup_steps)  # new # this process's device
+meter = common.Meter(device, args.warmup_steps, schedule)  # new # this process's device, and its bubble
 preemption = common.Preemption(master)  # new # SIGTERM: stop at the step boundary; the last rank says where it saved
 epochs = []
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
+    micro = args.batch_size // args.micro_batches  # new #
+    print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches of {micro}", flush=True)  # new #
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -202,30 +187,20 @@ for epoch in range(start_epoch, args.epochs):
     for images, labels in meter.loader(itertools.islice(train_loader, done, None)):  # their batches: loaded, dropped
         if preemption.requested(step):  # SIGTERM: the step in flight is done, the next one does not start
             break
-        # new # the gradients are zeroed before the schedule: it runs the backward passes
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)  # new #
         optimizer.zero_grad(set_to_none=True)
-        # new # begin: the first stage feeds the images, the last gets the labels and returns the logits and losses
-        losses = []
-        clock.begin_step()
-        inputs = [images.to(device, non_blocking=True)] if first else []
-        if last:
-            logits = schedule.step(*inputs, target=labels.to(device, non_blocking=True), losses=losses)
-            loss = torch.stack(losses).mean()  # the micro-batches' mean losses: the batch's mean
-        else:
-            schedule.step(*inputs)
-        clock.end_step()
-        # new # end
+        losses = []  # new # the last stage's: each micro-batch's mean loss (the first stage reads the images)
+        logits = schedule.step(images, target=labels, losses=losses)  # new # None but on the last stage
+        loss = torch.stack(losses).mean() if master else None  # new # the micro-batches' mean: the batch's mean
         if args.clip_grad_norm:
-            # new # begin: the whole model's gradient norm: the stages' squared norms summed over the ranks
-            square = sum(p.grad.pow(2).sum() for p in stage_module.parameters() if p.grad is not None)
-            dist.all_reduce(square)
-            nn.utils.clip_grads_with_norm_(stage_module.parameters(), args.clip_grad_norm, square.sqrt())
-            # new # end
+            square = sum(p.grad.pow(2).sum() for p in stage_module.parameters() if p.grad is not None)  # new #
+            dist.all_reduce(square)  # new # the whole model's squared gradient norm: the stages' summed over ranks
+            nn.utils.clip_grads_with_norm_(stage_module.parameters(), args.clip_grad_norm, square.sqrt())  # new #
         optimizer.step()
         scheduler.step()
         step += 1
         epoch_steps += 1
-        if last:  # new #
+        if master:  # new #
             loss_sum += loss.detach()
         meter.step(images.size(0))
         if master and step % args.log_every == 0:  # new #
@@ -235,40 +210,26 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
-            # new # every rank sends its stage to the last, which writes the whole model and each stage's AdamW state
-            common.distributed.save_stages(  # new #
-                checkpoint, args, model, rank_blocks, owner[-1], optimizer, epoch, step
-            )
+            common.save_stages(checkpoint, args, model, optimizer, epoch, step, stage_blocks, owner)  # new #
         break
 
-    common.distributed.sync_stages(rank_blocks, owner[-1])  # new # the last stage's rank gets all: it evaluates
+    common.sync_stages(stage_blocks, owner)  # new # the last stage's rank gets every stage: it evaluates
     if master:  # new #
         val_loss, val_acc = common.evaluate(model, test_loader, device)  # new #
         epochs.append(
             common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
         )
         print(common.epoch_line(epochs[-1]), flush=True)
-    model.train()  # new # evaluate() left the shared blocks in eval mode
     if checkpoint:
-        common.distributed.save_stages(  # new #
-            checkpoint, args, model, rank_blocks, owner[-1], optimizer, epoch + 1, step
-        )
+        common.save_stages(checkpoint, args, model, optimizer, epoch + 1, step, stage_blocks, owner)  # new #
     if step == total_steps:
         break
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
-summary = common.gather_summary(meter.summary(), same_images=True)  # new # the slowest stage's images/s
-# new # begin: the bubble, measured after the warm-up on every rank, against its theory with v stages per rank:
-# (p - 1) / (v m + p - 1) (GPipe, 1F1B, interleaved 1F1B); a zero-bubble schedule fills it with weight gradients:
-# (p - 1) / (3 v m + p - 1) when a forward, an input- and a weight-backward each take one unit (docs: the tables)
-units = 3 if "zerobubble" in args.schedule else 1  # per micro-batch and stage: F + B, or F + I + W
+summary = common.gather_summary(meter.summary(), same_images=True)  # new # the slowest stage's, every rank's bubble
+# new # begin: the bubble's theory with v stages per rank: (p - 1) / (v m + p - 1); a zero-bubble schedule fills it
+units = 3 if "zerobubble" in args.schedule else 1  # with weight gradients: F, I and W one unit each, not F and B
 theory = (world_size - 1) / (units * args.stages_per_rank * args.micro_batches + world_size - 1)
-bubble = [None] * world_size
-dist.all_gather_object(bubble, clock.idle_share(args.warmup_steps))
-flops_per_image = [None] * world_size  # each stage counted its own: the whole model's is their sum
-dist.all_gather_object(flops_per_image, summary["flops_per_image"])
-summary["flops_per_image"] = sum(flops_per_image) if None not in flops_per_image else None
-rank_params = [sum(n for n, r in zip(stage_params, owner) if r == rank_) for rank_ in range(world_size)]
 # new # end
 if master:  # new #
     common.report(
@@ -283,13 +244,12 @@ if master:  # new #
         micro_batches=args.micro_batches,  # new #
         balance=args.balance,  # new #
         schedule=args.schedule,  # new #
-        bubble_measured=bubble,  # new # per stage: idle share of a step (median over steps)
         bubble_theory=theory,  # new #
         stages_per_rank=args.stages_per_rank,  # new #
         stage_params=stage_params,  # new # parameters per stage
         stage_gflops=stage_gflops,  # new # forward GFLOPs per image per stage
         stage_ranks=owner,  # new # the rank that ran each stage
-        params_per_rank=max(rank_params),  # new # what the process with the most parameters trains
+        params_per_rank=max(sum(stage_params[s] for s in range(stages) if owner[s] == r) for r in owner),  # new #
         steps=step,
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them

@@ -150,8 +150,9 @@ MUTATIONS = [
      "order = torch.randperm(len(self.lengths)).tolist()", GPT + VARLEN),
     ("train_varlen.py", "tokens/s from the padded batch shape (pads counted as tokens)", "src/train_varlen.py",
      "meter.step(images.size(0), tokens=real)", "meter.step(images.size(0))", GPT + VARLEN),
-    ("train_model_parallel.py", "the cut off by one block: the second stage skips a block", "src/train_model_parallel.py",
-     "nn.Sequential(*blocks[cut:]).to(devices[1])", "nn.Sequential(*blocks[cut + 1 :]).to(devices[1])",
+    ("train_model_parallel.py", "the cut off by one block: the second stage starts one block after it (a block skipped)",
+     "src/train_model_parallel.py",
+     "    return list(zip((0, *cuts), (*cuts, len(blocks))))", "    return list(zip((0, *(c + 1 for c in cuts)), (*cuts, len(blocks))))",
      EQ + "test_model_parallel_pipeline_computes_the_unsplit_model_s_logits_and_gradients"),
     ("train_TP.py", "a missing all-reduce in the row-wise layers: each rank keeps its partial sum", "src/train_TP.py",
      "from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module  # new #\n",
@@ -170,16 +171,16 @@ MUTATIONS = [
      EQ + "test_pipeline_schedules_train_train_py_s_weights[gpipe]"),
     ("train_pipeline.py", "gradients clipped by each stage's own norm (no all-reduce of the squares)",
      "src/train_pipeline.py",
-     "            dist.all_reduce(square)\n", "            pass\n",
+     "            dist.all_reduce(square)  # new #", "            pass  # new #",
      EQ + "test_pipeline_schedules_train_train_py_s_weights[1f1b]"),
     ("train_pipeline.py", "with 2 stages per rank, the optimizer built over the rank's first stage: the other never steps",
      "src/train_pipeline.py", "torch.optim.AdamW(stage_module.parameters()", "torch.optim.AdamW(stage_module[0].parameters()",
      EQ + "test_pipeline_schedules_train_train_py_s_weights[interleaved1f1b]"),
-    ("train_pipeline.py", "each rank's blocks taken as stage r's (the one-stage-per-rank form): with 2 stages per rank "
+    ("train_pipeline.py", "only the first p stages gathered (the one-stage-per-rank form): with 2 stages per rank "
      "the last stage's rank never receives the other rank's second stage, last.pt holds it untrained",
-     "src/train_pipeline.py",
-     "rank_blocks = [[block for s in range(stages) if owner[s] == r for block in stage_blocks[s]] for r in range(world_size)]",
-     "rank_blocks = [stage_blocks[r] for r in range(world_size)]",
+     "src/common/distributed.py",
+     "    for blocks, rank in zip(stage_blocks, owner):\n",
+     "    for blocks, rank in zip(stage_blocks, owner[: dist.get_world_size()]):\n",
      EQ + "test_pipeline_schedules_train_train_py_s_weights[interleavedzerobubble]"),
     ("train_pipeline.py", "the zero-bubble schedules' theory taken as interleaved 1F1B's (p - 1) / (v m + p - 1): the "
      "weight gradients that fill the bubble not counted",
@@ -191,7 +192,7 @@ MUTATIONS = [
      EQ + "test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights[TP]"),
     ("train_pipeline.py", "last.pt written without the first stage's current weights (no sync before the save): a "
      "resume from a SIGTERM mid-epoch restarts stage 0 from stale weights",
-     "src/common/distributed.py", "    sync_stages(rank_blocks, to)\n    stage_optimizers", "    stage_optimizers",
+     "src/common/distributed.py", "    sync_stages(stage_blocks, owner)\n    stage_optimizers", "    stage_optimizers",
      EQ + "test_tp_and_pipeline_resumed_mid_epoch_after_sigterm_end_with_the_uninterrupted_weights[pipeline]"),
     ("train_FSDP_TP.py", "the sampler split over every process (train_DDP.py's, world size and rank): the two tp ranks "
      "of a group get different images", "src/train_FSDP_TP.py",

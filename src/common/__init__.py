@@ -24,7 +24,7 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
-                gather_summary (over ranks), StageClock (a pipeline rank's bubble)                  []
+                gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's)        []
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
                                                                                                      gpt, io, meter,
@@ -67,6 +67,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
 from .checkpoint import exit_if_finished, load_checkpoint, load_part, save_checkpoint
 from .cli import get_image_folder_parser, get_parser, non_negative_int, parse_args, positive_int
 from .data import input_shape, load_data, synthetic_data
+from .distributed import save_stages, sync_stages
 from .device import get_device, precision_label
 from .errors import die
 from .evaluation import evaluate
@@ -116,7 +117,9 @@ __all__ = [
     "precision_label",
     "report",
     "save_checkpoint",
+    "save_stages",
     "seed_everything",
     "seed_worker",
+    "sync_stages",
     "synthetic_data",
 ]

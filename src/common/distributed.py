@@ -5,6 +5,8 @@ it is that lesson; FSDP's sharded save (torch.distributed.checkpoint) stays in t
 
 import argparse
 import os
+import shlex
+import sys
 from pathlib import Path
 
 import torch
@@ -14,16 +16,20 @@ from .checkpoint import save_checkpoint
 from .errors import die
 
 
-def setup(device: torch.device, example: str) -> tuple[torch.device, int, int]:
+def setup(device: torch.device, nproc: int = 2, min_world_size: int = 1) -> tuple[torch.device, int, int]:
     """train_DDP.py's torchrun set-up: LOCAL_RANK, RANK and WORLD_SIZE from torchrun's environment; on CUDA this
     process's GPU (cuda:LOCAL_RANK, made current before the process group so that NCCL binds it), on a CPU this
     process's share of the cores (cores / LOCAL_WORLD_SIZE threads); then the default process group, nccl on CUDA
     and gloo on a CPU, which meets the others through MASTER_ADDR / MASTER_PORT. Returns (device, rank, world_size).
-    One line on stderr and exit 2 (errors.die) when torchrun did not start this process (`example`: the torchrun
-    line to suggest) or when LOCAL_RANK has no GPU."""
+    One line on stderr and exit 2 (errors.die) when torchrun did not start this process (it suggests this command
+    line under `torchrun --nproc-per-node NPROC`), when it started fewer than `min_world_size` processes, or when
+    LOCAL_RANK has no GPU."""
+    script = os.path.basename(sys.argv[0])
     if "LOCAL_RANK" not in os.environ:
-        die(f"launch with torchrun, e.g. `{example}`")
+        die(f"launch with torchrun, e.g. `torchrun --nproc-per-node {nproc} {shlex.join(sys.argv)}`")
     local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if world_size < min_world_size:
+        die(f"{script} runs in {min_world_size} or more processes: --nproc-per-node {min_world_size} or more")
     if device.type == "cuda":
         if local_rank >= torch.cuda.device_count():
             die(f"local rank {local_rank} has no GPU: {torch.cuda.device_count()} visible; lower --nproc-per-node")
@@ -33,6 +39,18 @@ def setup(device: torch.device, example: str) -> tuple[torch.device, int, int]:
         torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device, rank, world_size
+
+
+def require_same_count(count: int, device: torch.device, what: str) -> None:
+    """Every rank must run as many of something collective (`count` of them on this rank, e.g. test batches under
+    FSDP, whose forward all-gathers: a rank with one more would wait forever for the others). Compares the ranks'
+    counts (one all-reduce on `device`: CUDA under nccl); unequal: one line on stderr naming `what` and exit 2 on
+    every rank (errors.die), not a hang. Every rank must call it."""
+    counts = torch.tensor([count, -count], device=device)
+    dist.all_reduce(counts, op=dist.ReduceOp.MAX)
+    most, fewest = counts[0].item(), -counts[1].item()
+    if most != fewest:
+        die(f"the ranks make {fewest}-{most} {what}: every rank must run as many")
 
 
 def save_full_state(
@@ -88,28 +106,31 @@ def load_full_state(state: dict, model: torch.nn.Module, optimizer, lr: float, t
     )
 
 
-def sync_stages(rank_blocks: list[list[torch.nn.Module]], to: int) -> None:
-    """Pipeline stages of one model that every rank built, rank r training the blocks `rank_blocks[r]` (its stages'
-    blocks): every rank but `to` broadcasts its blocks' weights and buffers in place, so that rank `to` (the last
-    stage's) holds the whole model, trained (to evaluate it or to write it). Every rank must call it (collectives)."""
-    for owner, owned in enumerate(rank_blocks):
-        if owner != to:
-            for block in owned:
+def sync_stages(stage_blocks: list[list[torch.nn.Module]], owner: list[int]) -> None:
+    """Pipeline stages of one model that every rank built (`stage_blocks[s]`: stage s's blocks, in the model's
+    order), stage s trained by rank `owner[s]`: every rank but the last stage's sends its stages' weights and
+    buffers to that rank, which receives them in place, so that it holds the whole model, trained (to evaluate it or
+    to write it). Point to point: the other ranks' copies of a stage they do not train may be freed (meta). Every
+    rank must call it."""
+    me, to = dist.get_rank(), owner[-1]
+    for blocks, rank in zip(stage_blocks, owner):
+        if rank != to and me in (rank, to):
+            for block in blocks:
                 for tensor in block.state_dict().values():  # they share storage with the block's own tensors
-                    dist.broadcast(tensor, src=owner)
+                    dist.send(tensor, dst=to) if me == rank else dist.recv(tensor, src=rank)
 
 
 def save_stages(
-    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, rank_blocks: list, to: int, optimizer,
-    epochs_done: int, step: int,
+    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, optimizer, epochs_done: int, step: int,
+    stage_blocks: list[list[torch.nn.Module]], owner: list[int],
 ) -> bool:  # fmt: skip
-    """last.pt of a pipeline (see sync_stages): the whole `model` as train.py saves it, which train.py's model loads,
-    and "stage_optimizers", each rank's optimizer state (over its stages' parameters) by rank (checkpoint.load_part
-    reads a rank's back); rank `to` writes it. Every rank must call it. Returns what save_checkpoint returns on rank
-    `to` (whether the file was written), False on the others."""
-    sync_stages(rank_blocks, to)
+    """last.pt of a pipeline (see sync_stages for `stage_blocks` and `owner`): the whole `model` as train.py saves
+    it, which train.py's model loads, and "stage_optimizers", each rank's optimizer state (over its stages'
+    parameters) by rank (checkpoint.load_part reads a rank's back); the last stage's rank writes it. Every rank must
+    call it. Returns what save_checkpoint returns on that rank (whether the file was written), False on the others."""
+    sync_stages(stage_blocks, owner)
     stage_optimizers = [None] * dist.get_world_size()
     dist.all_gather_object(stage_optimizers, optimizer.state_dict())
-    if dist.get_rank() != to:
+    if dist.get_rank() != owner[-1]:
         return False
     return save_checkpoint(checkpoint, args, model, None, epochs_done, step, stage_optimizers=stage_optimizers)

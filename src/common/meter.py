@@ -82,9 +82,10 @@ class Meter:
       (Python sees every op): it is a warm-up step unless --warmup-steps is below 2.
     """
 
-    def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10):
+    def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10, schedule=None):
         self.devices = list(device) if isinstance(device, (list, tuple)) else [device]  # all are synchronised
         self.device, self.warmup_steps = self.devices[0], warmup_steps
+        self.clock = StageClock(schedule, self.device) if schedule is not None else None  # a pipeline's bubble
         self.steps = 0  # all steps, warm-up included
         self.images = 0  # images inside the window(s)
         self.windows = 0  # windows opened: more than one means epoch edges (or evaluations) fall between them
@@ -279,24 +280,37 @@ class Meter:
             "activation_mib": self.activation_bytes / 2**20 if self.activation_bytes is not None else None,
             "flops_per_image": self._flops_per_sample() or None,
             **memory_stats(),
+            **({"bubble_measured": self.clock.idle_share(self.warmup_steps)} if self.clock else {}),
         }
 
 
 class StageClock:
-    """A pipeline rank's bubble: the share of each step in which none of its stages computed. It wraps each stage's
-    compute calls (`forward_one_chunk`, `backward_one_chunk`, and the weight half of a split backward,
-    `backward_weight_one_chunk`: what a schedule runs between its sends and receives) to add up their seconds. Use:
-    `clock.begin_step()` before the schedule runs a step, `clock.end_step()` after it, and `idle_share(warmup_steps)`
-    at the end: the median over the steps after the warm-up of 1 - computing seconds / the step's seconds (a
-    fraction; None without a step). On CUDA every call synchronises `device` (kernels run asynchronously), which
-    serialises the work it times: there the bubble is that of a slowed schedule."""
+    """A pipeline rank's bubble: the share of each step in which none of its stages computed. It wraps the
+    schedule's `step` (a step's seconds) and each of this rank's stages' compute calls (`forward_one_chunk`,
+    `backward_one_chunk`, and the weight half of a split backward, `backward_weight_one_chunk`: what the schedule runs
+    between its sends and receives) to add up their seconds. `idle_share(warmup_steps)`: the median over the steps
+    after the warm-up of 1 - computing seconds / the step's seconds (a fraction; None without a step). `schedule`: a
+    torch.distributed.pipelining schedule (its stages: `_stage` for one per rank, `_stages` for several). On CUDA
+    every call synchronises `device` (kernels run asynchronously), which serialises the work it times: there the
+    bubble is that of a slowed schedule. `Meter(..., schedule=)` makes one and reports `bubble_measured`."""
 
-    def __init__(self, stages: list, device: torch.device):
+    def __init__(self, schedule, device: torch.device):
         self.device, self.idle = device, []  # idle: per step, 1 - computing / the step's seconds
         self.busy, self.step_start = 0.0, None
+        stages = getattr(schedule, "_stages", None) or [schedule._stage]
         for stage in stages:  # torch.distributed.pipelining.PipelineStage objects
             for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
                 setattr(stage, name, self._timed(getattr(stage, name)))
+        step = schedule.step
+
+        def timed_step(*args, **kwargs):
+            self.begin_step()
+            try:
+                return step(*args, **kwargs)
+            finally:
+                self.end_step()
+
+        schedule.step = timed_step
 
     def _now(self) -> float:
         if self.device.type == "cuda":
@@ -370,7 +384,9 @@ def gather_summary(summary: dict, same_images: bool = False) -> dict:
     images/s summed (each rank measured its own share; with `same_images`, where every rank trains on every image of
     the batch, as in tensor and pipeline parallelism, the slowest rank's), peak memory the maximum over ranks,
     `peak_mem_per_device` every rank's devices (with their rank), data-wait, step times, activation_mib and
-    flops_per_image those of this rank. images_per_s_per_rank keeps each rank's."""
+    flops_per_image those of this rank. images_per_s_per_rank keeps each rank's. A pipeline's (a Meter given the
+    schedule): `bubble_measured` becomes the list of every rank's, and flops_per_image the sum of the ranks' (each
+    counted its own stages: the whole model's; None if a rank counted none)."""
     per_rank = [None] * dist.get_world_size()
     dist.all_gather_object(per_rank, summary)
     merged = dict(summary)
@@ -382,4 +398,8 @@ def gather_summary(summary: dict, same_images: bool = False) -> dict:
     merged["peak_mem_per_device"] = [
         {**d, "rank": i} for i, r in enumerate(per_rank) for d in r["peak_mem_per_device"] if d["peak_reserved_gib"]
     ]
+    if "bubble_measured" in summary:  # pipeline stages: each rank ran its own part of the model on every image
+        merged["bubble_measured"] = [r["bubble_measured"] for r in per_rank]
+        flops = [r["flops_per_image"] for r in per_rank]
+        merged["flops_per_image"] = sum(flops) if None not in flops else None
     return merged
