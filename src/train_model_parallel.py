@@ -116,6 +116,7 @@ for i, (a, b) in enumerate(parts(cuts)):
         flush=True,
     )
 
+
 class Pipeline(nn.Module):
     """The two stages as one module: (N, C, H, W) on devices[0] -> (N, classes) logits on devices[1]."""
 
