@@ -1,10 +1,7 @@
 r"""Input-pipeline baseline: JPEG files -> decode -> RandomResizedCrop -> flip -> normalise, in torch's DataLoader.
 
 Each DataLoader worker decodes and augments whole images on a CPU core with PIL; the GPU waits if they fall behind.
-loader_DALI.py is this file plus its marked lines, so `diff src/loader.py src/loader_DALI.py` is the DALI lesson.
 `python bench/prepare_data.py` writes the ImageFolders it reads (data/fashion-mnist-jpeg, data/imagenet-synthetic).
---amp-dtype and --channels-last run the model as train_amp.py and train_channels_last.py do. A --resume repeats the
-epoch's files in the same order, but not its random crops and flips.
 
     python src/loader.py                                               # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --workers 8   # pipeline only

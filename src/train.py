@@ -1,19 +1,17 @@
 r"""Baseline: train one model on one device in fp32, fed by torch's DataLoader.
 
-Every other train_*.py starts from this file, directly or through a chain of variants, and marks each line it adds
-(docs/markers.md), so `diff src/train.py src/train_amp.py` shows one technique and nothing else.
-SIGTERM (a preempted job) stops the run at the next step boundary; with --checkpoint-dir it saves last.pt there and
-exits 143, and the same line + --resume goes on from that step.
+Every other train_*.py starts from this file and marks each line it adds (docs/markers.md), so
+`diff src/train.py src/train_amp.py` shows one technique and nothing else. In every script SIGTERM (a preempted job)
+stops the run at the next step boundary: with --checkpoint-dir it saves last.pt and exits 143, and the same line +
+--resume goes on.
 
     python src/train.py                                      # small CNN on Fashion-MNIST, 2 epochs, GPU if present
     python src/train.py --device cpu --subset 4096 --epochs 1   # a quick look on a laptop
     python src/train.py --model gpt                          # a character-level GPT on Shakespeare: 5 min on 2 cores
     python src/train.py --model resnet18 --epochs 8 --batch-size 256 --workers 8 --lr 2e-3 --target-acc 0.93
     python src/train.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100   # compute ceiling
-    python src/train.py --checkpoint-dir ckpt            # Ctrl-C or SIGTERM it, then the same line + --resume goes on
-    python src/train.py --checkpoint-dir ckpt --resume   # (another --epochs, --max-steps or --lr is refused)
-    timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt2; \
-        python src/train.py --checkpoint-dir ckpt2 --resume
+    timeout -s TERM 60 python src/train.py --checkpoint-dir ckpt; \
+        python src/train.py --checkpoint-dir ckpt --resume   # SIGTERM at 60 s, then the same line + --resume
 
 More: docs/techniques/train.md
 """

@@ -1,10 +1,8 @@
 r"""DistributedDataParallel: train.py + one process per device, launched by torchrun, gradients all-reduced.
 
-torchrun starts one process per GPU (or N processes on a CPU) and gives each its LOCAL_RANK, RANK and WORLD_SIZE; each
-holds the whole model and trains on its own 1/WORLD_SIZE of the data (DistributedSampler). During backward, DDP
-all-reduces gradient buckets as they become ready, overlapping communication with computation, so all replicas take
-the same step. --batch-size is per process (global batch: batch x world size); only rank 0 prints and writes.
-gloo on CPU, nccl on CUDA; `--nproc-per-node auto` counts the GPUs, or the CPU cores where there is none.
+Each process holds the whole model and trains on its own 1/WORLD_SIZE of the data (DistributedSampler); during
+backward DDP all-reduces gradient buckets as they become ready, so all replicas take the same step. --batch-size is
+per process; only rank 0 prints and writes. gloo on CPU, nccl on CUDA.
 
     torchrun --nproc-per-node 2 src/train_DDP.py --device cpu --workers 1          # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node auto src/train_DDP.py                         # one per GPU; per CPU core without one

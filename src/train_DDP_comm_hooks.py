@@ -1,12 +1,8 @@
 r"""DDP communication hooks: train_DDP.py + register_comm_hook, gradients compressed before they are all-reduced.
 
-DDP all-reduces its gradient buckets in float32. A communication hook replaces that all-reduce: bf16_compress_hook and
-fp16_compress_hook cast each bucket to 16 bits, divide it by the world size, all-reduce it (the sum in 16 bits) and
-cast the average back: half the bytes on the wire, the gradients rounded (float16 also underflows below 6e-5, with no
-loss scaling here: bf16 keeps float32's range). powerSGD_hook all-reduces two rank-r factors of each gradient matrix
-instead (--powersgd-rank), after --powersgd-start-iter plain all-reduces, and adds what its approximation left out to
-the next step's gradient (error feedback). --bucket-cap-mb sets the bucket size; gradient_as_bucket_view makes every
-.grad a view into its bucket. It pays where the network, not the GPU, sets the step time: many nodes, no NVLink.
+A communication hook replaces DDP's float32 all-reduce of each gradient bucket: bf16 / fp16 compression sends half
+the bytes (the gradients rounded), PowerSGD two rank-r factors of each gradient matrix, with error feedback.
+It pays where the network, not the GPU, sets the step time: many nodes, no NVLink.
 
     torchrun --nproc-per-node 2 src/train_DDP_comm_hooks.py --device cpu --workers 1            # bfloat16, gloo
     torchrun --nproc-per-node 2 src/train_DDP_comm_hooks.py --device cpu --comm-hook powersgd --powersgd-rank 2

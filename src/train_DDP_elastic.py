@@ -1,10 +1,9 @@
 r"""Fault-tolerant DDP: train_DDP.py + mid-epoch checkpoints and a resume that skips done batches at the sampler.
 
-A dead worker fails the whole group, and `torchrun --max-restarts K` starts the group again, up to K times; this
-script makes the restart go on where it stopped: rank 0 saves last.pt every --checkpoint-every steps and at each epoch
-end, and with --resume every rank loads it and the sampler skips what the epoch already trained on, so the job sees
-the same data in the same order. A checkpoint from another world size is refused (exit 2). Launch with
-TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or a restarted group may fail to connect (pytorch/pytorch#135712).
+A dead worker fails the group and `torchrun --max-restarts K` starts it again; rank 0 saves last.pt every
+--checkpoint-every steps, and --resume skips what the epoch already trained on, so the job sees the same data in the
+same order. Launch with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, or a restarted group may fail to connect
+(pytorch/pytorch#135712).
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 torchrun --nproc-per-node auto --max-restarts 3 src/train_DDP_elastic.py \
         --checkpoint-dir ckpt --checkpoint-every 200 --resume

@@ -1,10 +1,9 @@
 """DataParallel: train.py + nn.DataParallel, one process driving every visible GPU.
 
-Each step DataParallel copies the model from GPU 0 to the other GPUs, splits the batch along dimension 0 (so
---batch-size is the global batch), runs the replicas in threads of this one process and gathers the outputs and the
-gradients back on GPU 0. It is one line, but GPU 0 does more work and holds more memory, and one Python process drives
-every GPU: DistributedDataParallel (train_DDP.py) is faster even on one machine. With fewer than 2 GPUs DataParallel
-only calls the model: this script says so and runs as train.py does.
+Each step DataParallel copies the model from GPU 0 to the others, splits the batch (--batch-size is the global
+batch), runs the replicas in threads of this one process and gathers outputs and gradients on GPU 0.
+DistributedDataParallel (train_DDP.py) is faster even on one machine. With fewer than 2 GPUs it says so and runs as
+train.py does.
 
     python src/train_DP.py                                    # every visible GPU
     CUDA_VISIBLE_DEVICES=0,1 python src/train_DP.py --batch-size 256

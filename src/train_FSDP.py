@@ -1,13 +1,9 @@
 """FSDP2: train_DDP.py + every block's parameters, gradients and optimizer state sharded over the ranks.
 
-DDP keeps a whole replica on every rank: weights, gradients and AdamW's two moments. FSDP2 (`fully_shard`) keeps
-1/world_size of each: every block's parameters become DTensors sharded over a device mesh, all-gathered just before the
-block's forward and backward and freed after them, and its gradients reduce-scattered, so each rank steps only its
-shard of the optimizer state. It trains what DDP trains, for about 1.5 x DDP's communication: it pays when a model
-with its gradients and optimizer state does not fit one device. --param-dtype bfloat16 gathers and computes in
-bfloat16 (a MixedPrecisionPolicy). Checkpoints are sharded (torch.distributed.checkpoint, every rank writes its own;
---async-checkpoint writes them in a background thread while training goes on); rank 0 also writes last.pt with the
-whole model, which train.py's model loads.
+FSDP2 (`fully_shard`) keeps 1/world_size of every block's parameters, gradients and AdamW state on each rank: a
+block is all-gathered just before its forward and backward, its gradients reduce-scattered. It trains what DDP trains,
+for about 1.5 x DDP's communication: it pays when the model with its optimizer state does not fit one device.
+Checkpoints are sharded (torch.distributed.checkpoint); rank 0 also writes last.pt, which train.py's model loads.
 
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --workers 1     # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node auto src/train_FSDP.py --model vit --param-dtype bfloat16     # one per GPU, else per core

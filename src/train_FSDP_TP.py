@@ -1,11 +1,8 @@
 """2-D parallelism: train_TP.py + FSDP over a second mesh dimension: a (dp, tp) mesh of dp x tp processes.
 
-Tensor parallelism splits every block's Linears over the tp ranks of a group, which train on the same batch; FSDP2
-shards what each group holds once more over the dp groups, which train on different batches (torchtitan's layout:
-TP inside a node, where its per-layer all-reduces are cheap, FSDP across nodes, where its all-gathers of whole blocks
-overlap compute). Each process holds 1 / (dp x tp) of the blocks' Linears and 1 / dp of the rest, with their
-gradients and AdamW state. It trains what train.py trains at a global batch of dp x --batch-size; last.pt holds the
-whole model, which train.py's model loads.
+Tensor parallelism splits every block's Linears over the tp ranks of a group (the same batch); FSDP2 shards what each
+group holds once more over the dp groups (different batches): TP inside a node, FSDP across nodes, as torchtitan does.
+It trains what train.py trains at a global batch of dp x --batch-size; last.pt loads into train.py's model.
 
     torchrun --nproc-per-node 4 src/train_FSDP_TP.py --device cpu --model vit --tp 2   # a 2 x 2 mesh, 4 processes
     torchrun --nproc-per-node 8 src/train_FSDP_TP.py --model gpt2 --tp 4 --batch-size 8   # 8 GPUs: 2 x 4

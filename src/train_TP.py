@@ -1,12 +1,9 @@
 """Tensor parallelism: train.py + every transformer block's Linears split over the ranks (DTensor, parallelize_module).
 
-Data parallelism copies the model and splits the batch; tensor parallelism (Megatron-LM) splits each layer's weights
-and gives every rank the same batch. q, k, v and the MLP's first Linear are split by output features
-(ColwiseParallel: each rank runs heads / tp whole heads), the attention's output and the MLP's second Linear by input
-features (RowwiseParallel: partial sums, then one all-reduce). Each rank holds about 1/tp of every block's weights,
-gradients and AdamW state; the price is two all-reduces of each block's activations forward and more backward, on
-the critical path. It trains what train.py trains. The ViT and the GPT (separate q, k, v Linears); last.pt holds the
-whole model, which train.py's model loads. Its base is train.py: TP splits the model, not the data.
+Every rank trains on the same batch and holds about 1/tp of each block's weights: q, k, v and the MLP's first Linear
+split by output features (ColwiseParallel), the attention's output and the MLP's second Linear by input features
+(RowwiseParallel: partial sums, then one all-reduce). The ViT and the GPT; it trains what train.py trains, and
+last.pt loads into train.py's model.
 
     torchrun --nproc-per-node 2 src/train_TP.py --device cpu --model vit          # 2 processes on a CPU (gloo)
     torchrun --nproc-per-node auto src/train_TP.py --model vit --dataset synthetic --image-size 224 --max-steps 50

@@ -1,10 +1,8 @@
 """Gradient accumulation: train_DDP.py + K micro-batches per optimizer step, DDP's all-reduce once per step (no_sync).
 
-When the batch you want does not fit, run it as K micro-batches of --batch-size: each backward adds its gradients
-into .grad, the loss is divided by K, and the optimizer steps once every K (global batch: batch x K x world size).
-An epoch's last len % K micro-batches are dropped, as drop_last drops a partial batch. DDP would all-reduce after
-every backward; `model.no_sync()` around forward and backward of the first K-1 micro-batches makes the ranks
-communicate once per optimizer step (--all-reduce-every-micro-batch shows what that saves).
+The batch you want runs as K micro-batches of --batch-size: each backward adds into .grad (the loss divided by K)
+and the optimizer steps once every K (global batch: batch x K x world size). `model.no_sync()` on the first K-1
+makes the ranks all-reduce once per step (--all-reduce-every-micro-batch shows what that saves).
 
     torchrun --nproc-per-node 2 src/train_accum.py --device cpu --workers 1 --batch-size 32 --accum-steps 4
     torchrun --nproc-per-node auto src/train_accum.py --model resnet18 --batch-size 64 --accum-steps 4 --lr 2e-3

@@ -1,13 +1,9 @@
 """Activation checkpointing: train.py + torch.utils.checkpoint around each block, activations recomputed in backward.
 
-Autograd keeps every block's intermediate tensors for backward, so at the end of the forward all are alive at once,
-and for a transformer they, not the weights, fill the memory. `checkpoint(block, x, use_reentrant=False)` keeps only
-the block's input and runs its forward again in backward: activation memory falls to the blocks' inputs plus one
-block's tensors, for one extra forward per checkpointed block. That buys a larger batch, sequence or model; it is not
-a speed-up. --recompute-every N checkpoints every N-th block. --ac-mode selective (torchtitan's op-level selective
-AC) keeps what the matmuls, convolutions and attention of a checkpointed block return and recomputes only the cheap
-rest (LayerNorm, GELU, BatchNorm, ReLU, adds): less memory saved, almost no compute added. The small CNN and the MLP
-have no repeated blocks: with them the script says so and trains as train.py does.
+`checkpoint(block, x, use_reentrant=False)` keeps only a block's input and runs its forward again in backward:
+activation memory falls to the blocks' inputs plus one block's tensors, for one extra forward per block. It buys a
+larger batch, sequence or model, not speed. --ac-mode selective keeps what the matmuls return and recomputes the cheap
+rest. The small CNN and the MLP have no repeated blocks: the script says so and trains as train.py does.
 
     python src/train_activation_checkpointing.py --model vit                     # every ViT encoder block but the last
     python src/train_activation_checkpointing.py --model resnet18 --recompute-every 2

@@ -1,10 +1,8 @@
 """Mixed precision (AMP): train.py + torch.autocast around forward and loss + torch.amp.GradScaler for float16.
 
-Inside autocast, convolutions and matrix multiplies run in float16 or bfloat16 (on a GPU's tensor cores about twice
-the math rate of TF32, and half the activation memory), while reductions such as the loss and batch-norm statistics,
-the weights and the optimizer state stay in float32. float16's narrow range would flush small gradients to zero, so
-GradScaler scales the loss up before backward and the gradients back down before the step; bfloat16 needs no scaler.
-On a CPU without bfloat16 instructions (AVX512-BF16 / AMX) autocast is emulated and slower than float32.
+Inside autocast, convolutions and matmuls run in float16 or bfloat16 (on tensor cores about twice TF32's rate, and
+half the activation memory); reductions, the weights and the optimizer state stay float32. GradScaler keeps float16's
+small gradients from flushing to zero; bfloat16 needs none. On a CPU without AVX512-BF16 / AMX autocast is slower.
 
     python src/train_amp.py                                   # float16 on CUDA, bfloat16 on CPU
     python src/train_amp.py --amp-dtype bfloat16              # no GradScaler needed (float32's exponent range)

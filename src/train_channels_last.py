@@ -1,10 +1,8 @@
 """channels_last: train_amp.py + NHWC memory format for the model's weights and the input batch.
 
-PyTorch stores images as NCHW, but tensor cores multiply matrices whose inner dimension is the channels, so cuDNN's
-fastest float16 / bfloat16 convolutions read NHWC; fed NCHW, cuDNN transposes every activation in and out of each
-convolution. `memory_format=torch.channels_last` on the model and the input changes only the strides, not the shape
-(N, C, H, W), so no other line changes. It pays most under autocast on tensor cores (hence this rung's base), and on a
-CPU too. A forward pre-hook checks once that every convolution's input really is NHWC.
+cuDNN's fastest float16 / bfloat16 convolutions read NHWC; fed NCHW, it transposes every activation in and out.
+`memory_format=torch.channels_last` changes only the strides, not the shape (N, C, H, W), so no other line changes;
+a forward pre-hook checks once that every convolution's input really is NHWC.
 
     python src/train_channels_last.py                         # float16 + NHWC on CUDA, bfloat16 + NHWC on CPU
     python src/train_channels_last.py --dataset synthetic --model resnet50 --batch-size 256 --max-steps 100

@@ -1,11 +1,8 @@
 """torch.compile: train_channels_last.py + torch.compile of the model, compile time kept out of the images/s.
 
-TorchDynamo traces the model's forward into a graph at the first call, and Inductor compiles it (and the backward that
-AOTAutograd derives) into fused kernels: Triton on a GPU, C++/OpenMP on a CPU, which needs a C++ compiler (g++ or
-$CXX). Fusing the batch norms, ReLUs and residual additions between the convolutions removes most of eager mode's
-memory traffic and kernel launches. The compile (the first step, seconds to minutes) and any recompile are kept out of
-images/s and reported apart (compile_s, graphs_compiled, recompiled_steps). On a CPU it pays only where eager time
-goes to small elementwise ops and casts: for a conv net with batch norm on a CPU, measure first.
+TorchDynamo traces the forward into a graph at the first call and Inductor compiles it, with its backward, into
+fused kernels (Triton on a GPU; C++/OpenMP on a CPU, which needs g++ or $CXX). The compile and any recompile are kept
+out of images/s and reported apart (compile_s, graphs_compiled, recompiled_steps). On a CPU, measure first.
 
     python src/train_compile.py                                      # float16 + NHWC + compile on CUDA
     python src/train_compile.py --compile-mode max-autotune          # longer compile, autotuned kernels

@@ -1,10 +1,8 @@
 """Model parallelism: train.py + the model cut into two stages on two devices, micro-batches pipelined through them.
 
-When a model does not fit in one GPU's memory, put its first blocks on cuda:0 and the rest on cuda:1, each GPU holding
-its stage's weights, gradients and optimizer state. The cut falls between blocks where --balance makes the stages most
-even: `params` (default, for memory) or `flops` (for speed). Run naively, one GPU waits while the other works, so each
-batch is cut into --micro-batches pieces that flow through the stages as a pipeline (GPipe's schedule). With fewer
-than 2 GPUs both stages run on one device (said in one line): the same code, no overlap.
+The model's first blocks on cuda:0 and the rest on cuda:1, cut where --balance makes the stages even (`params`,
+for memory, or `flops`, for speed); each batch runs as --micro-batches pieces pipelined through the stages (GPipe).
+With fewer than 2 GPUs both stages run on one device (said in one line): the same code, no overlap.
 
     python src/train_model_parallel.py --micro-batches 4                    # cuda:0 + cuda:1, or one device
     python src/train_model_parallel.py --model resnet50 --dataset synthetic --batch-size 256 --micro-batches 8

@@ -1,11 +1,9 @@
 r"""Pipeline parallelism: train_model_parallel.py + one process per stage, run by torch.distributed.pipelining.
 
-The base's cut, into p x v stages: torchrun starts p processes that hold v stages each, and a schedule moves the
-micro-batches' activations forward and their gradients back between them. GPipe (every forward, then every backward)
-and 1F1B (one forward, one backward) run a stage per process; interleaved 1F1B, interleaved zero-bubble and ZB-V run
-two or more, which cuts the bubble (a process waiting for the others) to (p - 1) / (v m + p - 1) of a step for m
-micro-batches; the zero-bubble ones fill it with weight gradients. It is measured beside its theory (bubble_measured,
-bubble_theory). It trains what train.py trains; last.pt loads into train.py's model. Needs torch >= 2.15.
+The base's cut into p x v stages: torchrun starts p processes holding v stages each, and a schedule (GPipe, 1F1B,
+interleaved 1F1B, zero-bubble, ZB-V) moves activations forward and gradients back. The bubble is measured beside its
+theory (bubble_measured, bubble_theory). It trains what train.py trains; last.pt loads into train.py's model.
+Needs torch >= 2.15.
 
     torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --micro-batches 4   # 2 processes, gloo
     torchrun --nproc-per-node 2 src/train_pipeline.py --device cpu --model vit --schedule 1f1b --micro-batches 8

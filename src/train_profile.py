@@ -1,10 +1,8 @@
 """torch.profiler: train.py + a profile of a few steps, a Chrome/Perfetto trace and the top-15 ops table.
 
-A speed-up list says what to try; the profiler says where the time goes, and so which rung applies. The step is
-labelled with record_function (data, forward, backward, optimizer); the profiler skips --profile-wait warm-up steps,
-warms up one, records --profile-active, then prints the 15 ops with the most self time on the device (CUDA, or the
-CPU without one). --trace-dir writes a Chrome trace to open in ui.perfetto.dev or chrome://tracing. The recorded
-steps run slower: the images/s it reports are not the script's speed.
+The profiler says where the time goes, and so which rung applies. The step is labelled with record_function (data,
+forward, backward, optimizer); after --profile-wait steps it records --profile-active and prints the 15 ops with the
+most self time; --trace-dir writes a Chrome trace for ui.perfetto.dev. The recorded steps run slower.
 
     python src/train_profile.py --device cpu --subset 4096 --epochs 1 --trace-dir traces   # then open the JSON
     python src/train_profile.py --model resnet50 --dataset synthetic --batch-size 128 --max-steps 30 --trace-dir traces

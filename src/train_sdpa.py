@@ -1,11 +1,8 @@
 """Fused attention (SDPA): train.py + attention written out as the textbook has it, against the one fused kernel.
 
-softmax(q kᵀ / √d + causal mask) v, written out, keeps the (N, heads, T, T) softmax for backward: memory that grows
-with the square of the context. `F.scaled_dot_product_attention` computes the same in one fused kernel (on a CPU the
-flash kernel: blocks of keys at a time, the softmax rescaled online; on a GPU flash, memory-efficient or cuDNN,
-whichever takes the dtype and shape) and recomputes the blocks in backward, so no T x T matrix is kept. train.py and
-every other script use SDPA (common/vit.py's Attention); this lesson writes the other one out, so its diff is the
-attention.
+Attention written out, softmax(q kᵀ / √d + causal mask) v, keeps the (N, heads, T, T) softmax for backward: memory
+that grows with the square of the context. `F.scaled_dot_product_attention` (train.py's and every other script's)
+computes the same in one fused kernel and keeps no T x T matrix. --attention picks one.
 
     python src/train_sdpa.py --model gpt --attention written-out       # the textbook attention
     python src/train_sdpa.py --model gpt --attention sdpa              # the fused kernel (train.py's)

@@ -1,20 +1,9 @@
 """Variable-length samples: train.py + speeches of any length, a collate_fn that pads, a BatchSampler that buckets.
 
-A language model's data rarely comes in equal blocks: documents, dialogue turns, instructions and answers differ in
-length. Here the samples are the training text cut at its blank lines (a speaker's speech, a stage direction, a
-scene's heading: 4 to 3,244 characters, a median of 63), each at most --seq-len + 1 characters (a longer speech is
-cut in pieces). A DataLoader stacks equal shapes only, so `pad_batch`, its collate_fn, pads each batch on the right
-to its longest sample and marks the padding in the targets with PAD, which the loss ignores. How much a batch pads
-depends on who is in it:
-
-    --batching pad      random batches: each pads to the longest of B random speeches (most of its tokens are pads)
-    --batching bucket   a BatchSampler puts speeches of similar length together (pools of 100 batches sorted by
-                        length, the batches shuffled): almost no padding, the same speeches every epoch
-    --batching pack     no speeches: the text in full blocks of --seq-len, each starting mid-speech, as train.py trains
-
-The loss is the mean over a batch's real tokens, so tokens/s counts real tokens only (`pad_share`: the share of the
-batches' tokens that were padding). Right padding changes no real token's logits: the attention is causal, so no
-token sees a later position, where the pads are. Bucketing changes what a batch holds, not what an epoch holds.
+The samples are the training text cut at its blank lines (speeches of 4 to 3,244 characters, at most --seq-len + 1
+each); `pad_batch`, the collate_fn, pads each batch on the right and marks the padding with PAD, which the loss
+ignores. --batching pad: random batches, mostly padding; bucket: a BatchSampler groups speeches of similar length,
+almost no padding; pack: full blocks of --seq-len, as train.py trains. tokens/s counts real tokens only (`pad_share`).
 
     python src/train_varlen.py --model gpt --batching bucket                       # speeches, bucketed by length
     python src/train_varlen.py --model gpt --batching pad --seq-len 256 --max-steps 200
