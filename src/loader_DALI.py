@@ -26,13 +26,7 @@ import torch.nn as nn
 # new # no DataLoader, no torchvision transforms: DALI does both below
 import common
 
-# new # begin: DALI is an optional install; say how to get it instead of a traceback
-try:
-    from nvidia.dali import fn, pipeline_def, types
-    from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-except ImportError:
-    common.die("NVIDIA DALI is not installed: pip install nvidia-dali-cuda120 (Linux x86_64; see requirements.txt)")
-# new # end
+common.require_dali()  # new # DALI is an optional install: one line saying how to get it, not a traceback
 
 parser = common.get_image_folder_parser(__doc__)
 parser.add_argument(  # new #
@@ -58,71 +52,20 @@ if not gpu and rank == 0:
 
 # -- data: an ImageFolder of image files, decoded and augmented by a DALI pipeline  # new #
 train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
-
-
-# new # begin: the same pipeline as a DALI graph, built once and run by `threads` C++ threads (and the GPU)
-@pipeline_def(batch_size=args.batch_size, num_threads=threads, device_id=device.index or 0 if gpu else None)
-def image_pipeline(root, training):
-    files, labels = fn.readers.file(  # shuffle_after_epoch: each epoch a new permutation of all files, as shuffle=True
-        file_root=root,
-        shard_id=rank,
-        num_shards=world_size,
-        shuffle_after_epoch=training,
-        pad_last_batch=True,  # an epoch ends at its shard's end: the files of a partial batch never start the next
-        name="Reader",
-    )
-    decoder = "mixed" if gpu else "cpu"  # mixed: Huffman on the CPU, the rest on the GPU (nvJPEG, hardware)
-    if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
-        images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed + rank)
-        images = fn.resize(images, resize_x=args.image_size, resize_y=args.image_size)
-        mirror = fn.random.coin_flip(probability=0.5, seed=args.seed + rank)  # RandomHorizontalFlip
-    else:  # shorter side to image_size / 0.875, then the centre crop, as loader.py's val transforms
-        images = fn.decoders.image(files, device=decoder, output_type=types.RGB)
-        images = fn.resize(images, resize_shorter=round(args.image_size / 0.875))
-        mirror = 0
-    images = fn.crop_mirror_normalize(
-        images,
-        dtype=types.FLOAT,
-        output_layout="CHW",  # float32 CHW, like ToTensor
-        crop=(args.image_size, args.image_size),
-        mean=[255 * m for m in common.IMAGENET_MEAN],  # DALI normalises 0-255 values
-        std=[255 * s for s in common.IMAGENET_STD],
-        mirror=mirror,
-    )
-    return images, labels.gpu() if gpu else labels
-
-
-class DALILoader:
-    """Batches of a DALIGenericIterator as (images, labels) like a DataLoader's: float32 (N, 3, S, S), int64 (N,)."""
-
-    def __init__(self, pipeline, last_batch_policy):
-        self.pipeline = pipeline
-        self.iterator = DALIGenericIterator(
-            pipeline,
-            ["images", "labels"],
-            reader_name="Reader",
-            last_batch_policy=last_batch_policy,
-            auto_reset=True,
-            prepare_first_batch=False,  # a corrupt first file fails in the loop, where it is named, not here
-        )  # reader_name: the epoch ends when the reader has read its shard once
-
-    def __len__(self):
-        return len(self.iterator)
-
-    def __iter__(self):
-        try:
-            for batch in self.iterator:
-                yield batch[0]["images"], batch[0]["labels"].squeeze(-1).long()
-        except RuntimeError as error:  # a corrupt file: one line that names it
-            named = [line.strip() for line in str(error).splitlines() if "Failed to decode" in line]
-            culprit = named[0] if named else f"{common.find_non_image(args.data_dir) or 'unknown file'} is not an image"
-            common.die(f"DALI cannot decode a file under {args.data_dir}: {culprit}; remove or replace it")
-
-
-train_loader = DALILoader(image_pipeline(train_dir, training=True), LastBatchPolicy.DROP)  # like drop_last=True
-val_loader = DALILoader(image_pipeline(val_dir, training=False), LastBatchPolicy.PARTIAL)  # every image once
+# new # begin: the same steps as one DALI graph (its operators: common/dali.py), run by `threads` C++ threads
+knobs = dict(
+    batch_size=args.batch_size,
+    image_size=args.image_size,
+    threads=threads,
+    device=device,  # a GPU: 'mixed' decoding, batches on the device; a CPU: DALI's CPU-only mode
+    seed=args.seed + rank,  # the random crops and flips
+    shard_id=rank,  # this rank's part of each epoch's permutation of the files
+    num_shards=world_size,
+    dtype=torch.float32,  # float32 CHW, like ToTensor
+)
+train_loader = common.DALILoader(train_dir, training=True, **knobs)  # full batches only, like drop_last=True
+val_loader = common.DALILoader(val_dir, training=False, **knobs)  # the last partial batch too: every image once
 # new # end
-
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 memory_format = torch.channels_last if args.channels_last else torch.contiguous_format
@@ -228,6 +171,6 @@ if rank == 0:  # new # only rank 0 writes
         gpus=world_size if gpu else 0,  # new #
         steps=step,
         params=None if args.loader_only else sum(p.numel() for p in model.parameters()),  # the model's parameters
-        test_images=val_loader.pipeline.epoch_size("Reader"),  # new # files in val/, like len(val_set)
+        test_images=len(val_loader.dataset),  # new # files in val/, all shards
     )
 preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

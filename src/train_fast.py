@@ -52,25 +52,20 @@ parser.add_argument(  # new #
 parser.add_argument(  # new #
     "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
 )
-parser.add_argument(  # new #
-    "--without",
-    choices=["device-data", "fused-adamw", "cudnn-benchmark"],
-    action="append",
-    default=[],
-    help="ablation: leave out one of this script's changes (repeatable), to measure its share",
-)
+common.cli.add_without(parser, "device-data", "fused-adamw", "cudnn-benchmark")  # new # the bench's ablation rows
 args = common.parse_args(parser)
-# new # begin: DALI decodes into float16, which a float32 model without autocast does not take
+# new # begin: DALI decodes into float16, which a float32 model without autocast does not take; only Fashion-MNIST
+# has a DataLoader to leave out
 if args.amp_dtype == "float32" and args.dataset == "imagefolder":
     parser.error("--amp-dtype float32 does not take --dataset imagefolder (DALI decodes into float16)")
+if "device-data" in args.without and args.dataset != "fashion-mnist":
+    parser.error("--without device-data applies to --dataset fashion-mnist (the other inputs have no DataLoader here)")
 # new # end
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 # new # begin: one process, one device; cuDNN times its convolution algorithms for the fixed input shape
 if int(os.environ.get("WORLD_SIZE", "1")) > 1:
     common.die("train_fast.py is a single-process script; for several GPUs under torchrun, see train_DDP.py")
-if "device-data" in args.without and args.dataset != "fashion-mnist":
-    parser.error("--without device-data applies to --dataset fashion-mnist (the other inputs have no DataLoader here)")
 torch.backends.cudnn.benchmark = not args.deterministic and "cudnn-benchmark" not in args.without
 if device.type == "cpu":  # what it cannot do here, for the input it was given (the AMP block says the dtype)
     where = {
@@ -104,16 +99,17 @@ if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
 class DeviceLoader:
     """Batches of a TensorDataset held on `device`: images float32 (N, C, H, W) in channels_last, labels int64 (N,).
 
-    The order comes from `DataLoader(range(len(dataset)), **loader_args)`: the base's sampler and batching (the very
-    same batches), without the images. Only each batch's int64 indices cross to the
-    device, from pinned memory, asynchronously: no worker, no image copy, no synchronisation.
+    `loader` is the base's DataLoader over that dataset; its batch sampler picks the indices (the very same batches,
+    in the same order), and a DataLoader over the indices alone collates them. Only each batch's int64 indices cross
+    to the device, from pinned memory, asynchronously: no worker, no image copy, no synchronisation.
     """
 
-    def __init__(self, dataset, device: torch.device, **loader_args):
-        images, labels = dataset.tensors
+    def __init__(self, loader: DataLoader, device: torch.device):
+        images, labels = loader.dataset.tensors
         self.images = images.to(device).contiguous(memory_format=memory_format)
-        self.labels, self.dataset = labels.to(device), dataset
-        self.indices = DataLoader(range(len(labels)), pin_memory=device.type == "cuda", **loader_args)
+        self.labels, self.dataset = labels.to(device), loader.dataset
+        pin = device.type == "cuda"
+        self.indices = DataLoader(range(len(labels)), batch_sampler=loader.batch_sampler, pin_memory=pin)
 
     def __len__(self) -> int:
         return len(self.indices)
@@ -134,94 +130,38 @@ if args.model in common.TEXT_MODELS:
 # -- data: one synthetic batch on the device, JPEG files through DALI, or Fashion-MNIST held on the device  # new #
 if args.dataset == "synthetic":
     train_loader, test_loader = common.synthetic_data(args, device)
-# new # begin: JPEG files: loader_DALI.py's graph, decoding on the GPU ('mixed') straight into float16 NHWC batches
+# new # begin: JPEG files: loader_DALI.py's graph (common/dali.py), 'mixed' decoding into float16 channels_last batches
 elif args.dataset == "imagefolder":
-    try:
-        from nvidia.dali import fn, pipeline_def, types
-        from nvidia.dali.plugin.pytorch import DALIGenericIterator, LastBatchPolicy
-    except ImportError:
-        common.die("--dataset imagefolder needs NVIDIA DALI: pip install nvidia-dali-cuda120 (Linux x86_64)")
     train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
-    num_classes, side = len(classes), common.input_shape(args)[1]
-    gpu, threads = device.type == "cuda", args.threads or max(1, args.workers)
-
-    @pipeline_def(batch_size=args.batch_size, num_threads=threads, device_id=device.index or 0 if gpu else None)
-    def jpeg_pipeline(root, training):
-        files, labels = fn.readers.file(  # a new permutation of all files every epoch, as shuffle=True
-            file_root=root,
-            shuffle_after_epoch=training,
-            pad_last_batch=True,  # an epoch ends at the last file: a partial batch's files never start the next
-            name="Reader",
-        )
-        decoder = "mixed" if gpu else "cpu"  # mixed: Huffman on the CPU, the rest on the GPU (nvJPEG, hardware)
-        if training:  # RandomResizedCrop: decode only the random 8-100 % area, 3/4-4/3 aspect, then resize it
-            images = fn.decoders.image_random_crop(files, device=decoder, output_type=types.RGB, seed=args.seed)
-            images = fn.resize(images, resize_x=side, resize_y=side)
-            mirror = fn.random.coin_flip(probability=0.5, seed=args.seed)  # RandomHorizontalFlip
-        else:  # shorter side to side / 0.875, then the centre crop
-            images = fn.decoders.image(files, device=decoder, output_type=types.RGB)
-            images = fn.resize(images, resize_shorter=round(side / 0.875))
-            mirror = 0
-        images = fn.crop_mirror_normalize(
-            images,
-            dtype=types.FLOAT16,  # half the bytes of float32; autocast computes in float16 / bfloat16 anyway
-            output_layout="HWC",  # NHWC batches: channels_last once permuted to (N, C, H, W), without a copy
-            crop=(side, side),
-            mean=[255 * m for m in common.IMAGENET_MEAN],
-            std=[255 * s for s in common.IMAGENET_STD],
-            mirror=mirror,
-        )
-        return images, labels.gpu() if gpu else labels
-
-    class DALILoader:
-        """(images, labels) per batch: float16 (N, 3, S, S) in channels_last, int64 (N,), on the pipeline's device."""
-
-        def __init__(self, pipeline, last_batch_policy):
-            self.iterator = DALIGenericIterator(
-                pipeline,
-                ["images", "labels"],
-                reader_name="Reader",
-                last_batch_policy=last_batch_policy,
-                auto_reset=True,
-                prepare_first_batch=False,  # a corrupt first file fails in the loop, where it is named, not here
-            )
-            self.dataset = range(pipeline.epoch_size("Reader"))  # so that len(loader.dataset) counts the files
-
-        def __len__(self):
-            return len(self.iterator)
-
-        def __iter__(self):
-            try:
-                for batch in self.iterator:
-                    yield batch[0]["images"].permute(0, 3, 1, 2), batch[0]["labels"].squeeze(-1).long()
-            except RuntimeError as error:  # a corrupt file: one line that names it
-                named = [line.strip() for line in str(error).splitlines() if "Failed to decode" in line]
-                culprit = named[0] if named else f"{common.find_non_image(args.data_dir) or 'a file'} is not an image"
-                common.die(f"DALI cannot decode a file under {args.data_dir}: {culprit}; remove or replace it")
-
-    train_loader = DALILoader(jpeg_pipeline(train_dir, training=True), LastBatchPolicy.DROP)
-    test_loader = DALILoader(jpeg_pipeline(val_dir, training=False), LastBatchPolicy.PARTIAL)
+    num_classes, threads = len(classes), args.threads or max(1, args.workers)
+    knobs = dict(
+        batch_size=args.batch_size,
+        image_size=common.input_shape(args)[1],
+        threads=threads,
+        device=device,
+        seed=args.seed,
+        dtype=torch.float16,  # half the bytes of float32; autocast computes in float16 / bfloat16 anyway
+        channels_last=True,  # HWC batches, permuted to (N, C, H, W) in channels_last without a copy
+    )
+    train_loader = common.DALILoader(train_dir, training=True, **knobs)
+    test_loader = common.DALILoader(val_dir, training=False, **knobs)
 # new # end
 else:
     train_set, test_set = common.load_data(args)
     sampler = torch.utils.data.RandomSampler(train_set, generator=generator)  # the shuffle, reseeded every epoch
-    if "device-data" in args.without:  # new # ablation: the base's DataLoader
-        train_loader = DataLoader(
-            train_set,
-            batch_size=args.batch_size,
-            sampler=sampler,
-            drop_last=True,  # every step sees a full batch, so step times compare
-            num_workers=args.workers,
-            pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
-            persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
-            worker_init_fn=common.init_worker,
-        )
-        test_loader = DataLoader(test_set, batch_size=1000)
-    else:  # new # the same sampling as the DataLoader above, the images already on the device
-        train_loader = DeviceLoader(
-            train_set, device, batch_size=args.batch_size, sampler=sampler, drop_last=True
-        )  # new #
-        test_loader = DeviceLoader(test_set, device, batch_size=1000)  # new #
+    train_loader = DataLoader(
+        train_set,
+        batch_size=args.batch_size,
+        sampler=sampler,
+        drop_last=True,  # every step sees a full batch, so step times compare
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",  # page-locked host memory: faster, asynchronous copies to the GPU
+        persistent_workers=args.workers > 0,  # keep workers between epochs instead of forking new ones
+        worker_init_fn=common.init_worker,
+    )
+    test_loader = DataLoader(test_set, batch_size=1000)
+    if "device-data" not in args.without:  # new # the same batches, picked from the images already on the device
+        train_loader, test_loader = DeviceLoader(train_loader, device), DeviceLoader(test_loader, device)  # new #
 
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args), num_classes)  # new # an ImageFolder's own classes
@@ -357,7 +297,6 @@ common.report(
     loader=f"DALI {'mixed' if device.type == 'cuda' else 'cpu'}" if args.dataset == "imagefolder" else None,  # new #
     workers=args.threads or max(1, args.workers) if args.dataset == "imagefolder" else None,  # new # DALI threads
     image_size=common.input_shape(args)[1] if args.dataset == "imagefolder" else None,  # new # the crop side
-    without=args.without,  # new # the changes left out (ablation rows)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
 if args.model in common.TEXT_MODELS and preemption.stopped_at is None:  # a language model shows what it learned

@@ -17,6 +17,8 @@ The map: each module, what it owns, and [what it imports from the package]. No m
                 synthetic_data, input_shape                                                         [env, errors,
                                                                                                      models, text]
     images      the loaders' ImageFolder: image_folders, load_rgb, find_non_image                   [errors]
+    dali        loader.py's pipeline as one DALI graph (image_pipeline) and DALILoader, its batches [errors, images]
+                as a DataLoader's; require_dali (the lazy import: one line when not installed)
     models      build_model (cnn, mlp, resnet18, resnet50, vit, gpt, gpt2), MODELS, TEXT_MODELS,
                 vit_patch_size                                                                      [gpt, vit]
     vit         the ViT and the transformer block the GPT shares (causal or not)                    []
@@ -46,6 +48,7 @@ The bench and the tests reach the rest through the module that owns it, e.g. `co
 from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     checkpoint,
     cli,
+    dali,
     data,
     device,
     distributed,
@@ -66,6 +69,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
 )
 from .checkpoint import exit_if_finished, load_checkpoint, load_part, save_checkpoint
 from .cli import get_image_folder_parser, get_parser, non_negative_int, parse_args, positive_int
+from .dali import DALILoader, require_dali
 from .data import input_shape, load_data, synthetic_data
 from .distributed import save_stages, sync_stages
 from .device import get_device, precision_label
@@ -84,6 +88,7 @@ from .vit import ViT
 
 __all__ = [
     "BadImage",
+    "DALILoader",
     "GPT",
     "IMAGENET_MEAN",
     "IMAGENET_STD",
@@ -116,6 +121,7 @@ __all__ = [
     "positive_int",
     "precision_label",
     "report",
+    "require_dali",
     "save_checkpoint",
     "save_stages",
     "seed_everything",

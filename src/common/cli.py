@@ -139,6 +139,19 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
     return p
 
 
+def add_without(parser: argparse.ArgumentParser, *changes: str) -> None:
+    """Add `--without X` (repeatable; X one of `changes`): leave one of a script's changes out, for the bench's
+    ablation rows (bench/profiles.toml `ablation_of`). `args.without` is the list given, [] by default; `report`
+    records it as the metrics' `without`. An unknown X exits 2 (argparse's usage error)."""
+    parser.add_argument(
+        "--without",
+        choices=list(changes),
+        action="append",
+        default=[],
+        help="ablation: leave out one of this script's changes (repeatable), to measure its share",
+    )
+
+
 def get_image_folder_parser(doc: str | None = None) -> argparse.ArgumentParser:
     """The flags of the loader*.py scripts, which read an ImageFolder of image files (train/ and val/ inside).
 

@@ -106,7 +106,8 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     `fields` are what the script says about itself: precision, device, steps, test_images, and
     where they differ from one process on one device: world_size (default 1), gpus (devices used; default 1 on
     CUDA, 0 on CPU), global_batch (default batch x world size), model, dataset; `compile_s` for compiled models;
-    and anything else to record (loader, workers, ...). Derived here: test_acc (the last epoch's), the training
+    and anything else to record (loader, workers, ...); `without` (the changes an ablation row left out) comes
+    from args where the script has `--without`. Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
     `time_to_target_incl_compile_s` with it), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
     training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every
@@ -124,6 +125,8 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     fields.setdefault("global_batch", args.batch_size * world_size)
     fields.setdefault("model", args.model)
     fields.setdefault("dataset", getattr(args, "dataset", None))
+    if hasattr(args, "without"):  # a script with ablation switches (cli.add_without): the changes left out
+        fields.setdefault("without", args.without)
     reached = [e for e in epochs if args.target_acc and e["val_acc"] is not None and e["val_acc"] >= args.target_acc]
     compile_s = fields.get("compile_s") or 0.0
     tokens = summary.get("tokens_per_sample")  # a language model's: its samples are sequences of tokens
