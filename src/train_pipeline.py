@@ -247,7 +247,7 @@ if master:  # new #
         stage_params=stage_params,  # new # parameters per stage
         stage_gflops=stage_gflops,  # new # forward GFLOPs per image per stage
         stage_ranks=owner,  # new # the rank that ran each stage
-        params_per_rank=max(sum(stage_params[s] for s in range(stages) if owner[s] == r) for r in owner),  # new #
+        params_per_rank=max(sum(stage_params[s] for s in range(stages) if owner[s] == r) for r in set(owner)),  # new #
         steps=step,
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them
