@@ -29,7 +29,7 @@ CONFIG_FIELDS = [
     "gpus",
     "global_batch",
     "precision",
-    "ac_mode",  # train_activation_checkpointing.py: full or selective
+    "ac_mode",  # full (train_activation_checkpointing.py) or selective (train_selective_AC.py)
     "batching",  # train_varlen.py: pad, bucket or pack
     "schedule",  # train_pipeline.py: gpipe, 1f1b, interleaved1f1b, interleavedzerobubble, zbvzerobubble
     "stages_per_rank",  # train_pipeline.py

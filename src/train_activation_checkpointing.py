@@ -2,12 +2,12 @@
 
 `checkpoint(block, x, use_reentrant=False)` keeps only a block's input and runs its forward again in backward:
 activation memory falls to the blocks' inputs plus one block's tensors, for one extra forward per block. It buys a
-larger batch, sequence or model, not speed. --ac-mode selective keeps what the matmuls return and recomputes the cheap
-rest. The small CNN and the MLP have no repeated blocks: the script says so and trains as train.py does.
+larger batch, sequence or model, not speed (train_selective_AC.py keeps the matmuls' outputs and recomputes only the
+cheap ops). The small CNN and the MLP have no repeated blocks: the script says so and trains as train.py does.
 
     python src/train_activation_checkpointing.py --model vit                     # every ViT encoder block but the last
     python src/train_activation_checkpointing.py --model resnet18 --recompute-every 2
-    python src/train_activation_checkpointing.py --model gpt --ac-mode selective  # keep the matmuls, recompute the rest
+    python src/train_activation_checkpointing.py --model gpt                     # 3 of the GPT's 4 blocks
     python src/train_activation_checkpointing.py --model vit --dataset synthetic --batch-size 64 --device cuda   # GPU
     diff src/train.py src/train_activation_checkpointing.py                     # only the lines marked `# new #`
 
@@ -29,13 +29,6 @@ import common
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
     "--recompute-every", type=common.positive_int, default=1, help="checkpoint every N-th block (never the last one)"
-)
-parser.add_argument(  # new #
-    "--ac-mode",
-    choices=["full", "selective"],
-    default="full",
-    help="full: recompute a checkpointed block whole; selective: keep its matmul, convolution and attention outputs, "
-    "recompute the rest",
 )
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
@@ -64,36 +57,13 @@ model = common.build_model(args.model, *common.input_shape(args)).to(device)
 # new # begin: the blocks whose activations are recomputed in backward instead of kept
 
 
-# selective AC: in a checkpointed block, what these ops return is kept for backward and served to the recompute, so
-# that only the cheap ops between them run again (adapted from torchtitan's op-level SAC, which keeps mm and SDPA's
-# outputs but every second mm's)
-KEPT_OPS = {
-    torch.ops.aten.mm.default,  # nn.Linear without bias
-    torch.ops.aten.addmm.default,  # nn.Linear with bias (its input flattened to 2-D)
-    torch.ops.aten.bmm.default,
-    torch.ops.aten.convolution.default,
-    torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default,  # SDPA's kernels, by backend
-    torch.ops.aten._scaled_dot_product_flash_attention.default,
-    torch.ops.aten._scaled_dot_product_efficient_attention.default,
-    torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-}
-
-
-def keep_matmuls(ctx, op, *args, **kwargs):
-    """The selective policy, called for every op of a checkpointed block's forward: keep its output or recompute it."""
-    if op in KEPT_OPS:
-        return torch.utils.checkpoint.CheckpointPolicy.MUST_SAVE
-    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
-
-
 @contextlib.contextmanager
-def recomputing(block, replay):
-    """Around a block's recompute: `replay` (selective: SAC's mode that serves the kept outputs), and the block's
-    buffers (BatchNorm's running statistics) put back as they were before it."""
+def recomputing(block):
+    """Around a block's recompute in backward: its buffers (BatchNorm's running statistics) put back as they were
+    before it, so BatchNorm updates them once a step, as without checkpointing, not twice."""
     saved = [(buffer, buffer.clone()) for buffer in block.buffers()]
     try:
-        with replay:
-            yield
+        yield
     finally:
         for buffer, value in saved:
             buffer.copy_(value)
@@ -101,11 +71,7 @@ def recomputing(block, replay):
 
 def recompute_contexts(block):
     """checkpoint's context_fn, called at each checkpointed call: (around the forward, around the recompute)."""
-    if args.ac_mode == "selective":  # a fresh cache per call: SAC's mode that keeps outputs, the one that replays them
-        forward, replay = torch.utils.checkpoint.create_selective_checkpoint_contexts(keep_matmuls)
-    else:
-        forward, replay = contextlib.nullcontext(), contextlib.nullcontext()
-    return forward, recomputing(block, replay)
+    return contextlib.nullcontext(), recomputing(block)
 
 
 if isinstance(model, (common.ViT, common.GPT)):
@@ -116,19 +82,14 @@ else:
     blocks = []
     print(f"{args.model} has no repeated blocks to checkpoint: it trains as train.py does", flush=True)
 checkpointed = blocks[:-1][:: args.recompute_every]  # never the last block: recomputing it saves nothing
-selective_options = {}
-if args.ac_mode == "selective":  # SAC's kept outputs pass saved-tensor hooks (save_on_cpu, the meter's): torch >= 2.15
-    common.env.require_torch("2.15", "--ac-mode selective (checkpoint's respect_saved_tensors_hooks)")
-    selective_options = {"respect_saved_tensors_hooks": True}
 for block in checkpointed:  # block(x) now calls checkpoint(original forward, x); the state dict keeps its keys
     block.forward = functools.partial(
         torch.utils.checkpoint.checkpoint,
         block.forward,
         use_reentrant=False,  # the non-reentrant implementation: works under DDP, keeps every gradient
         context_fn=functools.partial(recompute_contexts, block),
-        **selective_options,
     )
-print(f"activation checkpointing ({args.ac_mode}): {len(checkpointed)} of {len(blocks)} blocks", flush=True)
+print(f"activation checkpointing (full): {len(checkpointed)} of {len(blocks)} blocks", flush=True)
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)
@@ -204,7 +165,7 @@ common.report(
     precision=common.precision_label(device),
     device=device,
     checkpointed_blocks=len(checkpointed),  # new #
-    ac_mode=args.ac_mode,  # new #
+    ac_mode="full",  # new # every checkpointed block recomputed whole
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them

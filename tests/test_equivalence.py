@@ -453,10 +453,10 @@ def test_model_parallel_balances_stages(model, balance, tmp_path):
 
 @pytest.mark.parametrize("model", ["resnet18", "gpt"])
 def test_checkpointing_matches_train(model, tmp_path):
-    """train_activation_checkpointing.py vs train.py, --deterministic, 3 steps: ResNet-18 (BatchNorm in every
-    checkpointed block, recomputed under both modes) on synthetic 32 px batches of 32, and the GPT on 3 batches of 16
-    blocks of Shakespeare, each in both modes, full and selective (what is compared is the arithmetic, not learning:
-    a small test set). Compared:
+    """train_activation_checkpointing.py (full AC) and train_selective_AC.py (its variant) vs train.py,
+    --deterministic, 3 steps: ResNet-18 (BatchNorm in every checkpointed block, recomputed under both) on synthetic
+    32 px batches of 32, and the GPT on 3 batches of 16 blocks of Shakespeare (what is compared is the arithmetic, not
+    learning: a small test set). Compared:
     every weight, bias and BatchNorm statistic (and its batch count) after the 3 steps, and the test loss.
     Tolerance: none (bit for bit): the recompute runs the same deterministic kernels on the same inputs, and selective
     AC hands the recompute the very tensors the forward made, so the gradients and the updates are equal; without the
@@ -472,9 +472,8 @@ def test_checkpointing_matches_train(model, tmp_path):
         flags = ["--model", model, "--dataset", "synthetic", "--image-size", "32", "--subset", "96", "--batch-size",
                  "32", "--epochs", "1", "--deterministic"]  # fmt: skip
     base = train(tmp_path / "base", "src/train.py", *flags)
-    modes = ["full", "selective"]
-    runs = {mode: train(tmp_path / mode, "src/train_activation_checkpointing.py", *flags, "--ac-mode", mode)
-            for mode in modes}  # fmt: skip
+    scripts = {"full": "src/train_activation_checkpointing.py", "selective": "src/train_selective_AC.py"}
+    runs = {mode: train(tmp_path / mode, script, *flags) for mode, script in scripts.items()}
     blocks = {"resnet18": 8, "gpt": 4}[model]
     kept = {mode: run["metrics"]["activation_mib"] for mode, run in runs.items()}
     print(f"activation checkpointing, {model}: MiB kept {kept}, train.py's {base['metrics']['activation_mib']:.1f}")

@@ -62,6 +62,7 @@ CHAINS = {
     "train_accum.py": "train_DDP.py",
     "train_FSDP.py": "train_DDP.py",
     "train_activation_checkpointing.py": "train.py",
+    "train_selective_AC.py": "train_activation_checkpointing.py",
     "train_amp.py": "train.py",
     "train_channels_last.py": "train_amp.py",
     "train_compile.py": "train_channels_last.py",
