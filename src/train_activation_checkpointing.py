@@ -89,7 +89,8 @@ for block in checkpointed:  # block(x) now calls checkpoint(original forward, x)
         use_reentrant=False,  # the non-reentrant implementation: works under DDP, keeps every gradient
         context_fn=functools.partial(recompute_contexts, block),
     )
-print(f"activation checkpointing (full): {len(checkpointed)} of {len(blocks)} blocks", flush=True)
+which = ", ".join(str(i) for i, block in enumerate(blocks) if block in checkpointed)  # the blocks by position
+print(f"activation checkpointing (full): {len(checkpointed)} of {len(blocks)} blocks ({which})", flush=True)
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)

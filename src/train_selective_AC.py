@@ -30,6 +30,9 @@ parser.add_argument(  # new #
     "--recompute-every", type=common.positive_int, default=1, help="checkpoint every N-th block (never the last one)"
 )
 args = common.parse_args(parser)
+# new # begin: torch >= 2.15, whose checkpoint shows what SAC keeps to saved-tensor hooks (the meter, save_on_cpu)
+common.env.require_torch("2.15", "selective activation checkpointing (checkpoint's respect_saved_tensors_hooks)")
+# new # end
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 
@@ -54,9 +57,9 @@ else:
 # -- model, loss, optimizer, and the state of an earlier run to resume -------------------------------------------
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
 # new # begin: selective AC: in a checkpointed block, what these ops return is kept for backward and served to the
-# recompute, so only the cheap ops between them run again (adapted from torchtitan's op-level SAC, which keeps mm and
-# SDPA's outputs but every second mm's)
-KEPT_OPS = {
+# recompute, so only the cheap ops between them run again (torchtitan's op-level selective AC keeps mm and SDPA
+# outputs but every second mm's); each op named with its overload (.default): the list refuses a bare aten.mm
+KEPT_OPS = [
     torch.ops.aten.mm.default,  # nn.Linear without bias
     torch.ops.aten.addmm.default,  # nn.Linear with bias (its input flattened to 2-D)
     torch.ops.aten.bmm.default,
@@ -65,18 +68,7 @@ KEPT_OPS = {
     torch.ops.aten._scaled_dot_product_flash_attention.default,
     torch.ops.aten._scaled_dot_product_efficient_attention.default,
     torch.ops.aten._scaled_dot_product_cudnn_attention.default,
-}
-
-
-def keep_matmuls(ctx, op, *args, **kwargs):
-    """The selective policy, called for every op of a checkpointed block's forward: keep its output or recompute it."""
-    if op in KEPT_OPS:
-        return torch.utils.checkpoint.CheckpointPolicy.MUST_SAVE
-    return torch.utils.checkpoint.CheckpointPolicy.PREFER_RECOMPUTE
-
-
-# the kept outputs pass saved-tensor hooks (save_on_cpu, the meter's count) only with this argument, new in torch 2.15
-common.env.require_torch("2.15", "selective activation checkpointing (checkpoint's respect_saved_tensors_hooks)")
+]
 # new # end
 # new # begin: the blocks whose activations are recomputed in backward instead of kept
 
@@ -96,7 +88,7 @@ def recomputing(block, replay):  # new #
 
 def recompute_contexts(block):
     """checkpoint's context_fn, called at each checkpointed call: (around the forward, around the recompute)."""
-    forward, replay = torch.utils.checkpoint.create_selective_checkpoint_contexts(keep_matmuls)  # new # fresh each call
+    forward, replay = torch.utils.checkpoint.create_selective_checkpoint_contexts(KEPT_OPS)  # new # fresh each call
     return forward, recomputing(block, replay)  # new #
 
 
@@ -116,7 +108,8 @@ for block in checkpointed:  # block(x) now calls checkpoint(original forward, x)
         context_fn=functools.partial(recompute_contexts, block),
         respect_saved_tensors_hooks=True,  # new # the meter (and save_on_cpu) see what SAC keeps
     )
-print(f"activation checkpointing (selective): {len(checkpointed)} of {len(blocks)} blocks", flush=True)
+which = ", ".join(str(i) for i, block in enumerate(blocks) if block in checkpointed)  # the blocks by position
+print(f"activation checkpointing (selective): {len(checkpointed)} of {len(blocks)} blocks ({which})", flush=True)
 # new # end
 criterion = nn.CrossEntropyLoss()
 optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4)

@@ -472,24 +472,27 @@ def test_checkpointing_matches_train(model, tmp_path):
         flags = ["--model", model, "--dataset", "synthetic", "--image-size", "32", "--subset", "96", "--batch-size",
                  "32", "--epochs", "1", "--deterministic"]  # fmt: skip
     base = train(tmp_path / "base", "src/train.py", *flags)
+    every = ["--recompute-every", "2"] if model == "resnet18" else []  # ResNet: every second block of 8
     scripts = {"full": "src/train_activation_checkpointing.py", "selective": "src/train_selective_AC.py"}
-    runs = {mode: train(tmp_path / mode, script, *flags) for mode, script in scripts.items()}
-    blocks = {"resnet18": 8, "gpt": 4}[model]
+    runs = {mode: train(tmp_path / mode, script, *flags, *every) for mode, script in scripts.items()}
+    which = {"resnet18": "4 of 8 blocks (0, 2, 4, 6)", "gpt": "3 of 4 blocks (0, 1, 2)"}[model]  # never the last
     kept = {mode: run["metrics"]["activation_mib"] for mode, run in runs.items()}
     print(f"activation checkpointing, {model}: MiB kept {kept}, train.py's {base['metrics']['activation_mib']:.1f}")
     for mode, ac in runs.items():
         assert ac["state"]["step"] == base["state"]["step"] == 3
         assert_identical(ac["state"]["model"], base["state"]["model"])
         assert ac["metrics"]["epochs"][-1]["val_loss"] == base["metrics"]["epochs"][-1]["val_loss"]
-        assert ac["metrics"]["checkpointed_blocks"] == blocks - 1  # every block but the last
-        assert ac["metrics"]["ac_mode"] == mode
-        assert f"activation checkpointing ({mode}): {blocks - 1} of {blocks} blocks" in ac["stdout"]
+        assert ac["metrics"]["checkpointed_blocks"] == int(which.split()[0])
+        assert f"activation checkpointing ({mode}): {which}" in ac["stdout"]
         shape = (84, 64) if model == "gpt" else (3, 32)  # the GPT: 84 characters, a context of 64
         common.build_model(model, *shape).load_state_dict(ac["state"]["model"])  # the blocks keep their keys
     full, flops = base["metrics"]["activation_mib"], base["metrics"]["flops_per_image"]
-    assert 0 < kept["full"] < full / 2
+    assert 0 < kept["full"] < (full / 2 if model == "gpt" else full)  # ResNet: half its blocks keep all they made
     assert runs["full"]["metrics"]["flops_per_image"] > flops  # the checkpointed blocks' forward, twice
     assert kept["full"] < kept["selective"] < full
+    # selective saves a real share of what full saves (about a third, on both models): a policy that also kept GELU's
+    # or LayerNorm's outputs would save next to nothing
+    assert full - kept["selective"] > (full - kept["full"]) / 5
     assert runs["selective"]["metrics"]["flops_per_image"] == flops  # no matmul, convolution or attention recomputed
 
 
