@@ -167,8 +167,6 @@ if rank == 0:  # new # only rank 0 writes
         dataset=args.data_dir.name,
         image_size=args.image_size,
         device=device,
-        world_size=world_size,  # new # shards read
-        gpus=world_size if gpu else 0,  # new #
         steps=step,
         params=None if args.loader_only else sum(p.numel() for p in model.parameters()),  # the model's parameters
         test_images=len(val_loader.dataset),  # new # files in val/, all shards

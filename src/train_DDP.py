@@ -184,8 +184,6 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=test_images,  # new # summed over the ranks' shards

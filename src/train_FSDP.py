@@ -277,8 +277,6 @@ if master:  # new #
         epochs,
         precision=f"FSDP {args.param_dtype}",  # new # what the blocks were gathered and run in
         device=device,
-        world_size=world_size,  # new #
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
         params=params,  # new # the whole model's
         params_per_rank=params_per_rank,  # new # what rank 0 holds: about params / world_size

@@ -184,10 +184,8 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=dp * args.batch_size,  # new # each group its own batch, its tp ranks the same one
         tp=args.tp,  # new #
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
         params=params,  # new # the whole model's
         params_per_rank=params_per_rank,  # new # what rank 0 holds of it

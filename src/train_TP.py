@@ -165,9 +165,7 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=args.batch_size,  # new # every rank trained on the same batch
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
         params=params,  # new # the whole model's
         params_per_rank=params_per_rank,  # new # what rank 0 holds of it

@@ -208,11 +208,9 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=args.batch_size * args.accum_steps * world_size,  # new # the effective batch per step
         accum_steps=args.accum_steps,  # new #
         allreduces_per_step=allreduces / max(meter.steps, 1),  # new # bucket all-reduces per optimizer step
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=test_images,  # new # summed over the ranks' shards

@@ -236,9 +236,7 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=args.batch_size,  # new # every stage saw the whole batch
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per stage
         micro_batches=args.micro_batches,  # new #
         balance=args.balance,  # new #
         schedule=args.schedule,  # new #
