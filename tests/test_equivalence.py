@@ -87,6 +87,7 @@ def assert_resume_says_finished(result: dict, script: str, *flags, nproc: int | 
         proc = torchrun("--standalone", "--nproc-per-node", nproc, *argv, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"holds a finished run ({steps} of {steps} steps): nothing left to train" in proc.stdout
+    assert proc.stdout.count("nothing left to train") == 1  # one process says so (rank 0 by default), all exit
     assert "Traceback" not in proc.stderr and checkpoint.read_bytes() == saved
 
 
