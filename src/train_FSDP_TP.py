@@ -30,7 +30,6 @@ parser.add_argument(  # new #
     "--tp", type=common.positive_int, default=2, help="ranks that split each block; FSDP shards over the rest"
 )
 args = common.parse_args(parser)
-common.env.require_torch("2.15", "train_FSDP_TP.py (FSDP2 and DTensor on a CPU mesh with gloo)")  # new #
 if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
     parser.error(f"train_FSDP_TP.py splits attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)

@@ -28,7 +28,6 @@ import common
 
 parser = common.get_parser(__doc__)
 args = common.parse_args(parser)
-common.env.require_torch("2.15", "train_TP.py (DTensor on a CPU mesh with gloo)")  # new #
 if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
     parser.error(f"train_TP.py splits attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)

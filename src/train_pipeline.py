@@ -49,7 +49,6 @@ parser.add_argument("--stages-per-rank", type=common.positive_int, help="default
 args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
     parser.error(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")  # new #
-common.env.require_torch("2.15", "train_pipeline.py (torch.distributed.pipelining on gloo)")  # new #
 Schedule = schedules.get_schedule_class(args.schedule)  # new #
 single = issubclass(Schedule, schedules.PipelineScheduleSingle)  # new # GPipe and 1F1B: one stage per process
 args.stages_per_rank = args.stages_per_rank or (1 if single else 2)  # new # ZB-V: 2 (down the ranks and back up)
