@@ -27,9 +27,6 @@ import common
 
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
-    "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on CUDA, else gloo"
-)
-parser.add_argument(  # new #
     "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
 )
 # new # begin: what each gradient bucket becomes on the wire, and the buckets
@@ -68,10 +65,7 @@ if device.type == "cuda":
     torch.cuda.set_device(device)  # before the process group, so NCCL binds this GPU and not GPU 0
 else:
     torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # share the cores
-backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-if backend == "nccl" and device.type != "cuda":
-    common.die("--backend nccl needs CUDA devices; use --backend gloo on CPU")
-dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, which torchrun sets
+dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # rendezvous at torchrun's MASTER_ADDR:MASTER_PORT
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
