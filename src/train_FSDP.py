@@ -272,11 +272,10 @@ if master:  # new #
         precision=f"FSDP {args.param_dtype}",  # new # what the blocks were gathered and run in
         device=device,
         steps=step,
-        params=params,  # new # the whole model's
+        params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         params_per_rank=params_per_rank,  # new # what rank 0 holds: about params / world_size
         checkpoints=saves,  # new # sharded saves
         checkpoint_s=checkpoint_s if saves else None,  # new # rank 0's seconds of training lost to them, in all
-        async_checkpoint=args.async_checkpoint,  # new #
         test_images=test_images,  # new # summed over the ranks' shards
     )
 dist.destroy_process_group()  # new # leave the group cleanly before exiting

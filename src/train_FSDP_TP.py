@@ -186,7 +186,7 @@ if master:  # new #
         global_batch=dp * args.batch_size,  # new # each group its own batch, its tp ranks the same one
         tp=args.tp,  # new #
         steps=step,
-        params=params,  # new # the whole model's
+        params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         params_per_rank=params_per_rank,  # new # what rank 0 holds of it
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them
     )

@@ -166,7 +166,7 @@ if master:  # new #
         device=device,
         global_batch=args.batch_size,  # new # every rank trained on the same batch
         steps=step,
-        params=params,  # new # the whole model's
+        params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         params_per_rank=params_per_rank,  # new # what rank 0 holds of it
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them
     )

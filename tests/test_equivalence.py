@@ -570,7 +570,7 @@ def test_fsdp_async_checkpoint(tmp_path):
     assert_identical(weights(async_), weights(sync))
     moments = zip(fsdp_first_moments(async_), fsdp_first_moments(sync), strict=True)
     assert all(torch.equal(a, b) for a, b in moments)
-    assert async_["metrics"]["async_checkpoint"] and async_["metrics"]["checkpoints"] == 2
+    assert async_["metrics"]["args"]["async_checkpoint"] and async_["metrics"]["checkpoints"] == 2
     assert [p.name for p in (tmp_path / "async").glob("sharded-step*")] == ["sharded-step8"]
     probe = ("tests/crash_probe.py", "0:in-async-write:2:0", "--")  # attempt 0: rank 0 dies writing step 8's shards
     killed = train(tmp_path / "killed", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", "--resume", nproc=2,
