@@ -33,10 +33,7 @@ parser.add_argument(  # new #
     "--micro-batches", type=common.positive_int, default=4, help="pieces each batch is cut into for the pipeline"
 )
 parser.add_argument(  # new #
-    "--balance",
-    choices=["params", "flops"],
-    default="params",
-    help="cut where the stages' parameters (memory) or forward FLOPs (time) are most even",
+    "--balance", choices=["params", "flops"], default="params", help="stages of even memory (params) or time (flops)"
 )
 parser.add_argument(  # new # torch's schedule names (any case): one stage per process, then several
     "--schedule",
@@ -126,12 +123,9 @@ stage_gflops = [sum(flops[a:b]) / 1e9 for a, b in parts(cuts)]
 # new # end
 if master:  # new # the last stage's rank prints
     for i, (a, b) in enumerate(parts(cuts)):
-        print(
-            f"stage {i} on rank {owner[i]}: blocks {a}-{b - 1} of {len(blocks)}, "  # new #
-            f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
-            f"(--balance {args.balance})",
-            flush=True,
-        )
+        print(f"stage {i} on rank {owner[i]}: blocks {a}-{b - 1} of {len(blocks)}, "  # new #
+              f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
+              f"(--balance {args.balance})", flush=True)  # fmt: skip
 
 
 # new # begin: this rank's stage, and the schedule that runs the micro-batches through all of them
@@ -236,9 +230,7 @@ if master:  # new #
         precision=common.precision_label(device),
         device=device,
         global_batch=args.batch_size,  # new # every stage saw the whole batch
-        micro_batches=args.micro_batches,  # new #
-        balance=args.balance,  # new #
-        schedule=args.schedule,  # new #
+                        schedule=args.schedule,  # new #
         bubble_theory=theory,  # new #
         stages_per_rank=args.stages_per_rank,  # new #
         stage_params=stage_params,  # new # parameters per stage

@@ -427,7 +427,7 @@ def test_model_parallel_matches_train(tmp_path):
     assert mp["metrics"]["stage_params"] == [200_960, 2_570]  # Linear(784, 256) | Linear(256, 10): the only cut
     assert mp["metrics"]["test_acc"] == pytest.approx(base["metrics"]["test_acc"], abs=1e-4)
     assert "model parallelism needs 2 GPUs, 0 visible: both stages on cpu" in mp["stdout"]  # says what it runs as
-    assert mp["metrics"]["stages"] == ["cpu", "cpu"] and mp["metrics"]["micro_batches"] == 4
+    assert mp["metrics"]["stages"] == ["cpu", "cpu"] and mp["metrics"]["args"]["micro_batches"] == 4
     assert_loads_into_train_py(mp["checkpoint"])  # the stages share the model's layers and keys
 
 
@@ -801,7 +801,7 @@ def test_pipeline_schedule(schedule, name, clip, ranks, theory, unsplit, split):
     metrics = pp["metrics"]
     assert metrics["stage_ranks"] == ranks and metrics["schedule"] == schedule
     assert metrics["bubble_theory"] == pytest.approx(theory)
-    assert metrics["global_batch"] == 64 and metrics["micro_batches"] == 4
+    assert metrics["global_batch"] == 64 and metrics["args"]["micro_batches"] == 4
     assert f"pipeline: Schedule{name}, 4 micro-batches of 16" in pp["stdout"]  # the schedule asked for ran
     assert len(metrics["bubble_measured"]) == 2 and all(0 < b < 1 for b in metrics["bubble_measured"])
     per_rank = [sum(n for n, r in zip(metrics["stage_params"], ranks) if r == rank) for rank in (0, 1)]
