@@ -36,12 +36,9 @@ parser.add_argument(  # new #
     "--balance", choices=["params", "flops"], default="params", help="stages of even memory (params) or time (flops)"
 )
 parser.add_argument(  # new # torch's schedule names (any case): one stage per process, then several
-    "--schedule",
-    choices=["gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble", "zbvzerobubble"],
-    default="gpipe",
-    type=str.lower,
-    help="how the micro-batches move through the stages",
-)
+    "--schedule", choices=["gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble", "zbvzerobubble"],
+    default="gpipe", type=str.lower, help="how the micro-batches move through the stages"
+)  # fmt: skip
 parser.add_argument("--stages-per-rank", type=common.positive_int, help="default: 1 for gpipe, 1f1b; else 2")  # new #
 args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
@@ -166,8 +163,8 @@ preemption = common.Preemption(master)  # new # SIGTERM: stop at the step bounda
 epochs = []
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
-    micro = args.batch_size // args.micro_batches  # new #
-    print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches of {micro}", flush=True)  # new #
+    print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches "  # new #
+          f"of {args.batch_size // args.micro_batches}", flush=True)  # fmt: skip
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
