@@ -44,6 +44,18 @@ def setup(device: torch.device, nproc: int = 2, min_world_size: int = 1) -> tupl
     return device, rank, world_size
 
 
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (any shape, an integer or floating dtype, on any device) summed element by element over the ranks of
+    the default process group: a new CPU tensor of its shape and dtype, all-reduced there (so gloo sums a CUDA
+    tensor's values too); `tensor` itself, unchanged, where no process group is initialised. Every rank of the group
+    must call it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor
+    total = tensor.detach().to("cpu", copy=True)  # a copy even on a CPU: `tensor` is left as it was
+    dist.all_reduce(total)
+    return total
+
+
 def require_same_count(count: int, device: torch.device, what: str) -> None:
     """Every rank must run as many of something collective (`count` of them on this rank, e.g. test batches under
     FSDP, whose forward all-gathers: a rank with one more would wait forever for the others). Compares the ranks'
