@@ -26,8 +26,6 @@ import torch.nn as nn
 # new # no DataLoader, no torchvision transforms: DALI does both below
 import common
 
-common.require_dali()  # new # DALI is an optional install: one line saying how to get it, not a traceback
-
 parser = common.get_image_folder_parser(__doc__)
 parser.add_argument(  # new #
     "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
@@ -133,12 +131,7 @@ for epoch in range(start_epoch, args.epochs):
 
     val_loss, val_acc = (None, None) if args.loader_only else common.evaluate(model, val_loader, device)
     train_loss = None if args.loader_only else loss_sum / max(epoch_steps, 1)
-    # new # begin: each rank counted its own shard: sum over the ranks
-    counts = label_counts.cpu()
-    if world_size > 1:
-        dist.all_reduce(counts)
-    counts = counts.tolist()
-    # new # end
+    counts = common.distributed.sum_over_ranks(label_counts).tolist()  # new # each rank counted its own shard: the sum
     epochs.append(
         common.epoch_record(
             epoch + 1, step, train_loss, val_loss, val_acc, meter, None, images=sum(counts), label_counts=counts
@@ -167,8 +160,6 @@ if rank == 0:  # new # only rank 0 writes
         dataset=args.data_dir.name,
         image_size=args.image_size,
         device=device,
-        world_size=world_size,  # new # shards read
-        gpus=world_size if gpu else 0,  # new #
         steps=step,
         params=None if args.loader_only else sum(p.numel() for p in model.parameters()),  # the model's parameters
         test_images=len(val_loader.dataset),  # new # files in val/, all shards

@@ -30,7 +30,6 @@ parser.add_argument(  # new #
     "--tp", type=common.positive_int, default=2, help="ranks that split each block; FSDP shards over the rest"
 )
 args = common.parse_args(parser)
-common.env.require_torch("2.15", "train_FSDP_TP.py (FSDP2 and DTensor on a CPU mesh with gloo)")  # new #
 if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
     parser.error(f"train_FSDP_TP.py splits attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)
@@ -106,7 +105,7 @@ if args.resume and checkpoint.exists():
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
-    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -184,12 +183,10 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=dp * args.batch_size,  # new # each group its own batch, its tp ranks the same one
         tp=args.tp,  # new #
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
-        params=params,  # new # the whole model's
+        params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         params_per_rank=params_per_rank,  # new # what rank 0 holds of it
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them
     )

@@ -28,7 +28,6 @@ import common
 
 parser = common.get_parser(__doc__)
 args = common.parse_args(parser)
-common.env.require_torch("2.15", "train_TP.py (DTensor on a CPU mesh with gloo)")  # new #
 if args.model not in ("vit", "gpt", "gpt2"):  # new # the split is by heads and MLP columns: a transformer's Linears
     parser.error(f"train_TP.py splits attention and MLP: --model vit, gpt or gpt2, not {args.model}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)
@@ -93,7 +92,7 @@ if args.resume and checkpoint.exists():
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
-    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -165,11 +164,9 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=args.batch_size,  # new # every rank trained on the same batch
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
-        params=params,  # new # the whole model's
+        params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         params_per_rank=params_per_rank,  # new # what rank 0 holds of it
         test_images=len(test_loader.dataset),  # evaluate() counts every one of them
     )

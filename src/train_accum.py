@@ -27,9 +27,6 @@ import common
 
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
-    "--backend", choices=["auto", "gloo", "nccl"], default="auto", help="auto: nccl on CUDA, else gloo"
-)
-parser.add_argument(  # new #
     "--sync-bn", action="store_true", help="BatchNorm statistics over the global batch (CUDA only)"
 )
 parser.add_argument(  # new #
@@ -56,10 +53,7 @@ if device.type == "cuda":
     torch.cuda.set_device(device)  # before the process group, so NCCL binds this GPU and not GPU 0
 else:
     torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))  # share the cores
-backend = args.backend if args.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
-if backend == "nccl" and device.type != "cuda":
-    common.die("--backend nccl needs CUDA devices; use --backend gloo on CPU")
-dist.init_process_group(backend)  # rendezvous through MASTER_ADDR/MASTER_PORT, which torchrun sets
+dist.init_process_group("nccl" if device.type == "cuda" else "gloo")  # rendezvous at torchrun's MASTER_ADDR:MASTER_PORT
 # new # end
 
 # -- data: Fashion-MNIST tensors behind torch's DataLoader, or one synthetic batch already on the device ----------
@@ -123,7 +117,7 @@ if args.resume and checkpoint.exists():
     start_epoch, step = state["epoch"], state["step"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
-    common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; rank 0 says so
+    common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
@@ -208,11 +202,9 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=args.batch_size * args.accum_steps * world_size,  # new # the effective batch per step
         accum_steps=args.accum_steps,  # new #
         allreduces_per_step=allreduces / max(meter.steps, 1),  # new # bucket all-reduces per optimizer step
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per process
         steps=step,
         params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
         test_images=test_images,  # new # summed over the ranks' shards

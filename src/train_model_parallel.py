@@ -27,10 +27,7 @@ parser.add_argument(  # new #
     "--micro-batches", type=common.positive_int, default=4, help="pieces each batch is cut into for the pipeline"
 )
 parser.add_argument(  # new #
-    "--balance",
-    choices=["params", "flops"],
-    default="params",
-    help="cut where the stages' parameters (memory) or forward FLOPs (time) are most even",
+    "--balance", choices=["params", "flops"], default="params", help="stages of even memory (params) or time (flops)"
 )
 args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
@@ -107,12 +104,9 @@ stage_blocks = [blocks[a:b] for a, b in parts(cuts)]
 stage_params = [sum(params[a:b]) for a, b in parts(cuts)]
 stage_gflops = [sum(flops[a:b]) / 1e9 for a, b in parts(cuts)]
 for i, (a, b) in enumerate(parts(cuts)):
-    print(
-        f"stage {i} on {devices[i]}: blocks {a}-{b - 1} of {len(blocks)}, "
-        f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
-        f"(--balance {args.balance})",
-        flush=True,
-    )
+    print(f"stage {i} on {devices[i]}: blocks {a}-{b - 1} of {len(blocks)}, "
+          f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
+          f"(--balance {args.balance})", flush=True)  # fmt: skip
 
 
 class Pipeline(nn.Module):
@@ -209,9 +203,7 @@ common.report(
     precision=common.precision_label(device),
     device=device,
     gpus=len(set(devices)) if device.type == "cuda" else 0,  # new #
-    micro_batches=args.micro_batches,  # new #
-    balance=args.balance,  # new #
-    stage_params=stage_params,  # new # parameters per stage
+            stage_params=stage_params,  # new # parameters per stage
     stage_gflops=stage_gflops,  # new # forward GFLOPs per image per stage
     stages=[str(d) for d in devices],  # new #
     steps=step,

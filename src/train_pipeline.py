@@ -33,23 +33,16 @@ parser.add_argument(  # new #
     "--micro-batches", type=common.positive_int, default=4, help="pieces each batch is cut into for the pipeline"
 )
 parser.add_argument(  # new #
-    "--balance",
-    choices=["params", "flops"],
-    default="params",
-    help="cut where the stages' parameters (memory) or forward FLOPs (time) are most even",
+    "--balance", choices=["params", "flops"], default="params", help="stages of even memory (params) or time (flops)"
 )
 parser.add_argument(  # new # torch's schedule names (any case): one stage per process, then several
-    "--schedule",
-    choices=["gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble", "zbvzerobubble"],
-    default="gpipe",
-    type=str.lower,
-    help="how the micro-batches move through the stages",
-)
+    "--schedule", choices=["gpipe", "1f1b", "interleaved1f1b", "interleavedzerobubble", "zbvzerobubble"],
+    default="gpipe", type=str.lower, help="how the micro-batches move through the stages"
+)  # fmt: skip
 parser.add_argument("--stages-per-rank", type=common.positive_int, help="default: 1 for gpipe, 1f1b; else 2")  # new #
 args = common.parse_args(parser)
 if args.batch_size % args.micro_batches:  # new #
     parser.error(f"--micro-batches {args.micro_batches} must divide --batch-size {args.batch_size}")  # new #
-common.env.require_torch("2.15", "train_pipeline.py (torch.distributed.pipelining on gloo)")  # new #
 Schedule = schedules.get_schedule_class(args.schedule)  # new #
 single = issubclass(Schedule, schedules.PipelineScheduleSingle)  # new # GPipe and 1F1B: one stage per process
 args.stages_per_rank = args.stages_per_rank or (1 if single else 2)  # new # ZB-V: 2 (down the ranks and back up)
@@ -127,12 +120,9 @@ stage_gflops = [sum(flops[a:b]) / 1e9 for a, b in parts(cuts)]
 # new # end
 if master:  # new # the last stage's rank prints
     for i, (a, b) in enumerate(parts(cuts)):
-        print(
-            f"stage {i} on rank {owner[i]}: blocks {a}-{b - 1} of {len(blocks)}, "  # new #
-            f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
-            f"(--balance {args.balance})",
-            flush=True,
-        )
+        print(f"stage {i} on rank {owner[i]}: blocks {a}-{b - 1} of {len(blocks)}, "  # new #
+              f"{stage_params[i]:,} parameters, {stage_gflops[i]:.3g} forward GFLOPs per image "
+              f"(--balance {args.balance})", flush=True)  # fmt: skip
 
 
 # new # begin: this rank's stage, and the schedule that runs the micro-batches through all of them
@@ -173,8 +163,8 @@ preemption = common.Preemption(master)  # new # SIGTERM: stop at the step bounda
 epochs = []
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
-    micro = args.batch_size // args.micro_batches  # new #
-    print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches of {micro}", flush=True)  # new #
+    print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches "  # new #
+          f"of {args.batch_size // args.micro_batches}", flush=True)  # fmt: skip
 for epoch in range(start_epoch, args.epochs):
     model.train()
     meter.resume()
@@ -236,12 +226,8 @@ if master:  # new #
         epochs,
         precision=common.precision_label(device),
         device=device,
-        world_size=world_size,  # new #
         global_batch=args.batch_size,  # new # every stage saw the whole batch
-        gpus=world_size if device.type == "cuda" else 0,  # new # one GPU per stage
-        micro_batches=args.micro_batches,  # new #
-        balance=args.balance,  # new #
-        schedule=args.schedule,  # new #
+                        schedule=args.schedule,  # new #
         bubble_theory=theory,  # new #
         stages_per_rank=args.stages_per_rank,  # new #
         stage_params=stage_params,  # new # parameters per stage

@@ -87,6 +87,7 @@ def assert_resume_says_finished(result: dict, script: str, *flags, nproc: int | 
         proc = torchrun("--standalone", "--nproc-per-node", nproc, *argv, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"holds a finished run ({steps} of {steps} steps): nothing left to train" in proc.stdout
+    assert proc.stdout.count("nothing left to train") == 1  # one process says so (rank 0 by default), all exit
     assert "Traceback" not in proc.stderr and checkpoint.read_bytes() == saved
 
 
@@ -426,7 +427,7 @@ def test_model_parallel_matches_train(tmp_path):
     assert mp["metrics"]["stage_params"] == [200_960, 2_570]  # Linear(784, 256) | Linear(256, 10): the only cut
     assert mp["metrics"]["test_acc"] == pytest.approx(base["metrics"]["test_acc"], abs=1e-4)
     assert "model parallelism needs 2 GPUs, 0 visible: both stages on cpu" in mp["stdout"]  # says what it runs as
-    assert mp["metrics"]["stages"] == ["cpu", "cpu"] and mp["metrics"]["micro_batches"] == 4
+    assert mp["metrics"]["stages"] == ["cpu", "cpu"] and mp["metrics"]["args"]["micro_batches"] == 4
     assert_loads_into_train_py(mp["checkpoint"])  # the stages share the model's layers and keys
 
 
@@ -572,7 +573,7 @@ def test_fsdp_async_checkpoint(tmp_path):
     assert_identical(weights(async_), weights(sync))
     moments = zip(fsdp_first_moments(async_), fsdp_first_moments(sync), strict=True)
     assert all(torch.equal(a, b) for a, b in moments)
-    assert async_["metrics"]["async_checkpoint"] and async_["metrics"]["checkpoints"] == 2
+    assert async_["metrics"]["args"]["async_checkpoint"] and async_["metrics"]["checkpoints"] == 2
     assert [p.name for p in (tmp_path / "async").glob("sharded-step*")] == ["sharded-step8"]
     probe = ("tests/crash_probe.py", "0:in-async-write:2:0", "--")  # attempt 0: rank 0 dies writing step 8's shards
     killed = train(tmp_path / "killed", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", "--resume", nproc=2,
@@ -803,7 +804,7 @@ def test_pipeline_schedule(schedule, name, clip, ranks, theory, unsplit, split):
     metrics = pp["metrics"]
     assert metrics["stage_ranks"] == ranks and metrics["schedule"] == schedule
     assert metrics["bubble_theory"] == pytest.approx(theory)
-    assert metrics["global_batch"] == 64 and metrics["micro_batches"] == 4
+    assert metrics["global_batch"] == 64 and metrics["args"]["micro_batches"] == 4
     assert f"pipeline: Schedule{name}, 4 micro-batches of 16" in pp["stdout"]  # the schedule asked for ran
     assert len(metrics["bubble_measured"]) == 2 and all(0 < b < 1 for b in metrics["bubble_measured"])
     per_rank = [sum(n for n, r in zip(metrics["stage_params"], ranks) if r == rank) for rank in (0, 1)]

@@ -3,7 +3,7 @@ no traceback, no hang (each case is a real subprocess with a timeout).
 
 Cases already covered next to their feature: train.py's parser values, missing --data-dir and --subset smaller
 than a batch (test_common.py); the loaders' missing / empty / image-less folders, corrupt and non-image files,
-batch larger than the folder and DALI not installed (test_loaders.py); DDP without torchrun and nccl on CPU
+batch larger than the folder and DALI not installed (test_loaders.py); DDP without torchrun
 (test_variants.py); the bench's unknown profile and --repeats 0 (test_bench.py). Outputs that cannot be written,
 checkpoints --resume cannot continue, a bad bench matrix, metrics that cannot be written at the end and a checkpoint
 writer killed mid-write: test_faults.py.

@@ -198,14 +198,15 @@ def test_batch_larger_than_the_folder_is_refused(script, grey):
     assert_one_line_error(proc, "--batch-size 1000 is larger than the 220 images")
 
 
-def test_loader_dali_without_dali_says_how_to_install(tmp_path):
-    """A stand-in `nvidia` package earlier on the path hides the real DALI, as on a machine without it."""
+def test_loader_dali_without_dali_says_how_to_install(grey, tmp_path):
+    """A stand-in `nvidia` package earlier on the path hides the real DALI, as on a machine without it. The folder is
+    a real one: DALILoader says it, after the folder's own checks."""
     shim = tmp_path / "shim" / "nvidia" / "dali"
     shim.mkdir(parents=True)
     (shim.parent / "__init__.py").write_text("")
     (shim / "__init__.py").write_text("raise ImportError('No module named nvidia.dali')\n")
     env = {**os.environ, "PYTHONPATH": str(tmp_path / "shim")}
-    proc = run("src/loader_DALI.py", *CPU, "--loader-only", env=env)
+    proc = run("src/loader_DALI.py", *CPU, "--data-dir", grey, "--loader-only", env=env)
     assert_one_line_error(proc, "NVIDIA DALI is not installed", "pip install nvidia-dali-cuda120")
 
 

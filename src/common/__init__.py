@@ -37,7 +37,8 @@ The map: each module, what it owns, and [what it imports from the package]. No m
                 DataLoader workers' (seeded, SIGTERM from others ignored)                            seeding]
     distributed setup (train_DDP.py's torchrun set-up, for the scripts that do not teach it),
                 save_full_state / load_full_state (a sharded model's whole state in last.pt),
-                sync_stages / save_stages (a pipeline's)                                            [checkpoint, errors]
+                sync_stages / save_stages (a pipeline's), sum_over_ranks (a tensor summed over the   [checkpoint, env,
+                ranks)                                                                               errors]
     cli         the shared flags (get_parser, get_image_folder_parser), parse_args (the checks made [data, env, errors,
                 before any work, each model's defaults)                                              io, models]
 

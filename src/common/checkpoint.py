@@ -234,13 +234,16 @@ def load_part(path: Path, holder, state: dict, *keys) -> None:
         die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
 
 
-def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool = True) -> None:
+def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool | None = None) -> None:
     """After `--resume`: if the checkpoint's global `step` already reaches this run's `total_steps`, the run is
-    finished: the process whose `master` is True says so in one line (under torchrun every rank calls this, and only
-    rank 0 passes True), every process leaves its process group and exits with status 0, so that re-running a
-    finished job, e.g. a requeued one, is harmless. Otherwise it returns. Raises SystemExit(0) when finished."""
+    finished: the process whose `master` is True says so in one line (default: rank 0 of the process group, or the
+    only process; under torchrun every rank calls this), every process leaves its process group and exits with
+    status 0, so that re-running a finished job, e.g. a requeued one, is harmless. Otherwise it returns. Raises
+    SystemExit(0) when finished."""
     if step < total_steps:
         return
+    if master is None:  # as Preemption's default
+        master = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
     if master:
         print(f"{checkpoint} holds a finished run ({step} of {total_steps} steps): nothing left to train", flush=True)
     if dist.is_available() and dist.is_initialized():

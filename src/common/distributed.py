@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import save_checkpoint
+from .env import require_torch
 from .errors import die
 
 
@@ -21,10 +22,12 @@ def setup(device: torch.device, nproc: int = 2, min_world_size: int = 1) -> tupl
     process's GPU (cuda:LOCAL_RANK, made current before the process group so that NCCL binds it), on a CPU this
     process's share of the cores (cores / LOCAL_WORLD_SIZE threads); then the default process group, nccl on CUDA
     and gloo on a CPU, which meets the others through MASTER_ADDR / MASTER_PORT. Returns (device, rank, world_size).
-    One line on stderr and exit 2 (errors.die) when torchrun did not start this process (it suggests this command
+    One line on stderr and exit 2 (errors.die) when torch is older than 2.15 (the DTensor, FSDP2 and pipelining
+    APIs its callers use were tested there), when torchrun did not start this process (it suggests this command
     line under `torchrun --nproc-per-node NPROC`), when it started fewer than `min_world_size` processes, or when
     LOCAL_RANK has no GPU."""
     script = os.path.basename(sys.argv[0])
+    require_torch("2.15", f"{script} (DTensor, FSDP2 and pipelining on gloo)")
     if "LOCAL_RANK" not in os.environ:
         die(f"launch with torchrun, e.g. `torchrun --nproc-per-node {nproc} {shlex.join(sys.argv)}`")
     local_rank, rank, world_size = int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
@@ -39,6 +42,18 @@ def setup(device: torch.device, nproc: int = 2, min_world_size: int = 1) -> tupl
         torch.set_num_threads(max(1, os.cpu_count() // int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
     return device, rank, world_size
+
+
+def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (any shape, an integer or floating dtype, on any device) summed element by element over the ranks of
+    the default process group: a new CPU tensor of its shape and dtype, all-reduced there (so gloo sums a CUDA
+    tensor's values too); `tensor` itself, unchanged, where no process group is initialised. Every rank of the group
+    must call it."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return tensor
+    total = tensor.detach().to("cpu", copy=True)  # a copy even on a CPU: `tensor` is left as it was
+    dist.all_reduce(total)
+    return total
 
 
 def require_same_count(count: int, device: torch.device, what: str) -> None:

@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from .data import TEXT_VOCAB
 from .env import environment
@@ -104,8 +105,9 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     `script` (the running file's name) and `technique` (its docstring's title: the first line up to the colon, e.g.
     "Mixed precision (AMP)") are derived here, so a variant passes only what really differs.
     `fields` are what the script says about itself: precision, device, steps, test_images, and
-    where they differ from one process on one device: world_size (default 1), gpus (devices used; default 1 on
-    CUDA, 0 on CPU), global_batch (default batch x world size), model, dataset; `compile_s` for compiled models;
+    where they differ from the defaults: world_size (default: the process group's size where one is initialised,
+    else 1), gpus (devices used; default: one per process on CUDA, 0 on CPU), global_batch (default batch x world
+    size), model, dataset; `compile_s` for compiled models;
     and anything else to record (loader, workers, ...); `without` (the changes an ablation row left out) comes
     from args where the script has `--without`. Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
@@ -119,8 +121,9 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     main = sys.modules["__main__"]
     fields.setdefault("script", Path(getattr(main, "__file__", None) or sys.argv[0]).name)
     fields.setdefault("technique", (getattr(main, "__doc__", None) or "").strip().split("\n")[0].split(":")[0])
-    world_size = fields.setdefault("world_size", 1)
-    fields.setdefault("gpus", int(device.type == "cuda"))
+    grouped = dist.is_available() and dist.is_initialized()
+    world_size = fields.setdefault("world_size", dist.get_world_size() if grouped else 1)
+    fields.setdefault("gpus", world_size if device.type == "cuda" else 0)
     fields.setdefault("batch_size", args.batch_size)
     fields.setdefault("global_batch", args.batch_size * world_size)
     fields.setdefault("model", args.model)
