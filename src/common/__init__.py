@@ -10,7 +10,8 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     errors      die (one line on stderr, an exit code), first_line, the one-line excepthook          [images, io
                 (install_error_hook, which parse_args installs)                                     in the hook]
     io          atomic_write / atomic_write_text, WriteFailed, output_problem (a probe write)       [errors]
-    env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit   []
+    env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit;  []
+                in_process_group, require_torch
     device      get_device, precision_label (what an fp32 model really computes in)                 [errors]
     seeding     seed_everything (and --deterministic), seed_worker (DataLoader workers)             []
     data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), the text's (load_data),
@@ -31,9 +32,9 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
                                                                                                      gpt, io, meter,
                                                                                                      runstate]
-    checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished    [errors, io, models,
-                                                                                                     runstate]
-    preemption  Preemption: SIGTERM stops every rank at one step boundary; init_worker, the         [runstate,
+    checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished    [env, errors, io,
+                                                                                                     models, runstate]
+    preemption  Preemption: SIGTERM stops every rank at one step boundary; init_worker, the         [env, runstate,
                 DataLoader workers' (seeded, SIGTERM from others ignored)                            seeding]
     distributed setup (train_DDP.py's torchrun set-up, for the scripts that do not teach it),
                 save_full_state / load_full_state (a sharded model's whole state in last.pt),

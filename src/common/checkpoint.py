@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
+from .env import in_process_group
 from .errors import die, first_line
 from .models import TEXT_MODELS
 from .io import WriteFailed, atomic_write
@@ -66,7 +67,7 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
         "seq_len": args.seq_len if args.model in TEXT_MODELS else None,  # None for images (and files before it)
         "subset": getattr(args, "subset", None),
         "seed": args.seed,
-        "world_size": dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1,
+        "world_size": dist.get_world_size() if in_process_group() else 1,
         "batch_size": args.batch_size,
         "accum_steps": getattr(args, "accum_steps", None),
         "optimizer": type(optimizer).__name__ if optimizer is not None else None,
@@ -243,9 +244,9 @@ def exit_if_finished(checkpoint: Path, step: int, total_steps: int, master: bool
     if step < total_steps:
         return
     if master is None:  # as Preemption's default
-        master = not (dist.is_available() and dist.is_initialized()) or dist.get_rank() == 0
+        master = not in_process_group() or dist.get_rank() == 0
     if master:
         print(f"{checkpoint} holds a finished run ({step} of {total_steps} steps): nothing left to train", flush=True)
-    if dist.is_available() and dist.is_initialized():
+    if in_process_group():
         dist.destroy_process_group()
     raise SystemExit(0)

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .checkpoint import save_checkpoint
-from .env import require_torch
+from .env import in_process_group, require_torch
 from .errors import die
 
 
@@ -49,7 +49,7 @@ def sum_over_ranks(tensor: torch.Tensor) -> torch.Tensor:
     the default process group: a new CPU tensor of its shape and dtype, all-reduced there (so gloo sums a CUDA
     tensor's values too); `tensor` itself, unchanged, where no process group is initialised. Every rank of the group
     must call it."""
-    if not (dist.is_available() and dist.is_initialized()):
+    if not in_process_group():
         return tensor
     total = tensor.detach().to("cpu", copy=True)  # a copy even on a CPU: `tensor` is left as it was
     dist.all_reduce(total)

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 REPO = Path(__file__).resolve().parents[2]  # the repository: src/common/env.py -> ../..
 
@@ -99,6 +100,12 @@ def environment() -> dict:
         "hostname": socket.gethostname(),
         "git": git_state(),
     }
+
+
+def in_process_group() -> bool:
+    """Whether this process belongs to an initialised default process group of torch.distributed (torchrun's
+    processes, after `init_process_group`); False in a single process and where torch has no distributed support."""
+    return dist.is_available() and dist.is_initialized()
 
 
 def require_torch(version: str, what: str) -> None:

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .data import TEXT_VOCAB
-from .env import environment
+from .env import environment, in_process_group
 from .errors import die
 from .io import WriteFailed, atomic_write_text
 from .meter import Meter
@@ -121,8 +121,7 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     main = sys.modules["__main__"]
     fields.setdefault("script", Path(getattr(main, "__file__", None) or sys.argv[0]).name)
     fields.setdefault("technique", (getattr(main, "__doc__", None) or "").strip().split("\n")[0].split(":")[0])
-    grouped = dist.is_available() and dist.is_initialized()
-    world_size = fields.setdefault("world_size", dist.get_world_size() if grouped else 1)
+    world_size = fields.setdefault("world_size", dist.get_world_size() if in_process_group() else 1)
     fields.setdefault("gpus", world_size if device.type == "cuda" else 0)
     fields.setdefault("batch_size", args.batch_size)
     fields.setdefault("global_batch", args.batch_size * world_size)

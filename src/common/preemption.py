@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .env import in_process_group
 from .runstate import RUN
 from .seeding import seed_worker
 
@@ -45,7 +46,7 @@ class Preemption:
         self._signalled = 0.0  # when the first SIGTERM came (time.monotonic), 0 before
         self.stopped_at = None  # the step the run stopped at, once `requested` said so
         signal.signal(signal.SIGTERM, self._handle)
-        distributed = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+        distributed = in_process_group() and dist.get_world_size() > 1
         self._group = None
         self._master = (not distributed or dist.get_rank() == 0) if master is None else master  # the one that prints
         if distributed:
