@@ -10,7 +10,6 @@ Checkpoints are sharded (torch.distributed.checkpoint); rank 0 also writes last.
     torchrun --nproc-per-node auto src/train_FSDP.py --model vit --dataset synthetic --batch-size 64 --max-steps 100
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck     # Ctrl-C it, then
     torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck --resume
-    torchrun --nproc-per-node 2 src/train_FSDP.py --device cpu --model vit --checkpoint-dir ck2 --async-checkpoint
     diff src/train_DDP.py src/train_FSDP.py                                            # only the lines marked `# new #`
 
 More: docs/techniques/train_FSDP.md
@@ -42,14 +41,9 @@ parser.add_argument(  # new #
     "--param-dtype", choices=["float32", "bfloat16"], default="float32", help="MixedPrecisionPolicy's param_dtype: "
     "what the blocks are gathered and run in (shards, optimizer, gradient reduction: float32)",
 )
-parser.add_argument(  # new #
-    "--async-checkpoint", action="store_true", help="dcp.async_save: the shards written while training goes on"
-)
 args = common.parse_args(parser)
 if args.param_dtype == "bfloat16" and args.model not in ("vit", "mlp"):  # new #
     parser.error(f"--param-dtype bfloat16 needs a model without BatchNorm (vit, mlp), not {args.model}")  # new #
-if args.async_checkpoint and args.checkpoint_dir is None:  # new # nothing would be saved, async or not
-    parser.error("--async-checkpoint needs --checkpoint-dir (the folder the checkpoints are written to)")  # new #
 # new # begin: torchrun sets these; the same script runs on 1 or 1000 processes
 script = os.path.basename(__file__)  # this file's name, in its messages
 if "LOCAL_RANK" not in os.environ:
@@ -149,45 +143,28 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # new # begin: every rank writes its shards (DCP), then rank 0 the full model and the pointer to them (last.pt)
 saved_step = step if step else None  # the step the checkpoint on disk holds (a resumed one's), on every rank
-# --async-checkpoint: the save in flight, and what rank 0 writes into last.pt once its shards are all on disk (a
-# last.pt that named shards still being written would be a checkpoint a crash leaves unreadable)
-pending, checkpoint_s, saves = None, 0.0, 0  # checkpoint_s: seconds the training loop stood still for checkpoints
-checkpoint_group = dist.new_group(backend="gloo") if args.async_checkpoint else None  # the writer thread's collectives
+checkpoint_s, saves = 0.0, 0  # the seconds the training loop stood still for checkpoints, and how many
 
 
-def save_sharded(epochs_done: int, wait: bool = False) -> None:
-    global saved_step, pending, checkpoint_s, saves
-    finish_save()  # the save before this one: on disk, and named in last.pt, before another starts
+def save_sharded(epochs_done: int) -> None:
+    global saved_step, checkpoint_s, saves
     started = time.perf_counter()
     saved_step, folder, saves = step, f"sharded-step{step}", saves + 1
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, keyed like train.py's
     shards, path = {"model": model_state, "optimizer": optimizer_state}, args.checkpoint_dir / folder
     full = common.distributed.gather_full_state(model)  # last.pt's whole model, on rank 0 (train.py loads it)
-    if args.async_checkpoint and not wait:  # the shards copied to host memory now, written while training goes on
-        pending = (dcp.async_save(shards, checkpoint_id=path, process_group=checkpoint_group), full, epochs_done, step)
-        checkpoint_s += time.perf_counter() - started
-    else:
-        dcp.save(shards, checkpoint_id=path)
-        pending = (None, full, epochs_done, step)
-        checkpoint_s += time.perf_counter() - started
-        finish_save()
+    dcp.save(shards, checkpoint_id=path)
+    write_last(full, epochs_done, step)
+    checkpoint_s += time.perf_counter() - started
 
 
-def finish_save() -> None:
-    """Wait for the save in flight (every rank's shards and DCP's metadata on disk), then rank 0 writes last.pt."""
-    global pending, checkpoint_s
-    if pending is None:
-        return
-    started = time.perf_counter()
-    (writing, full, epochs_done, done_step), pending = pending, None
-    if writing is not None:
-        writing.result()  # raises what the writer thread raised
+def write_last(full: dict | None, epochs_done: int, done_step: int) -> None:
+    """Rank 0 writes last.pt, once every rank's shards of step `done_step` are on disk; the older shards go."""
     folder = f"sharded-step{done_step}"
     if common.distributed.write_full_state(checkpoint, args, full, epochs_done, done_step, sharded=folder):
         for old in args.checkpoint_dir.glob("sharded-step*"):  # the new one is named in last.pt: the old ones go
             if old.name != folder:
                 shutil.rmtree(old, ignore_errors=True)
-    checkpoint_s += time.perf_counter() - started
 
 
 # new # end
@@ -223,8 +200,6 @@ for epoch in range(start_epoch, args.epochs):
         epoch_steps += 1
         loss_sum += loss.detach()
         meter.step(images.size(0))
-        if pending and pending[0].done():  # new # an async save is on disk: name it in last.pt now, not at the next
-            finish_save()  # new #
         if master and step % args.log_every == 0:  # new #
             print(f"epoch {epoch + 1} step {step}/{total_steps} loss {loss.item():.4f}, {meter.progress()}", flush=True)
         if step == total_steps:
@@ -233,7 +208,7 @@ for epoch in range(start_epoch, args.epochs):
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         # new # every rank writes its shards, unless last.pt's hold this step already (a SIGTERM right after a save)
         if checkpoint and step != saved_step:  # new #
-            save_sharded(epoch, wait=True)  # new # `epoch` epochs finished; written before the process ends
+            save_sharded(epoch)  # new # `epoch` epochs finished
         break
 
     # new # begin: BatchNorm's running statistics differ per rank (FSDP never broadcasts buffers; each rank's follow
@@ -259,8 +234,6 @@ for epoch in range(start_epoch, args.epochs):
         save_sharded(epoch + 1)  # new # every rank writes its shards, rank 0 last.pt
     if step == total_steps:
         break
-
-finish_save()  # new # an async save still in flight: on disk and in last.pt before the process ends
 
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = common.gather_summary(meter.summary())  # new # images/s summed over ranks, peak memory the max

@@ -561,23 +561,26 @@ def test_fsdp_matches_ddp_and_resumes(tmp_path):
     assert [e["val_loss"] for e in restarted["metrics"]["epochs"]] == [fsdp["metrics"]["epochs"][-1]["val_loss"]]
 
 
-def test_fsdp_async_checkpoint(tmp_path):
-    """train_FSDP.py --async-checkpoint vs the same without, SHARDED's 8 steps on 2 gloo ranks: every weight (last.pt)
+def test_async_checkpoint_matches_fsdp(tmp_path):
+    """train_async_checkpoint.py vs its base train_FSDP.py, SHARDED's 8 steps on 2 gloo ranks: every weight (last.pt)
     and AdamW's first moments (the DCP shards last.pt names) bit for bit. Then rank 0 is killed (SIGKILL) as the
     background thread of the second async save (step 8) starts writing its shards: last.pt must still name step 4's,
     which were written while epoch 2 trained; torchrun restarts both ranks, the run resumes from them and ends bit for
     bit with the uninterrupted one (shards holding a later state than step 4's would not). A last.pt that named the
-    shards as their write started would name a folder the kill left without its metadata: no resume."""
+    shards as their write started would name a folder the kill left without its metadata: no resume. In the first
+    run, rank 0's first write is held until epoch 2 has begun (tests/crash_probe.py `overlap`): a loop that waits for
+    its own write before it trains on is no async save, and fails it."""
     sync = train(tmp_path / "sync", "src/train_FSDP.py", *SHARDED, nproc=2)
-    async_ = train(tmp_path / "async", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", nproc=2)
+    overlap = ("tests/crash_probe.py", "0:overlap:1:0", "--")  # rank 0's first write waits for a step of epoch 2
+    async_ = train(tmp_path / "async", "src/train_async_checkpoint.py", *SHARDED, nproc=2, probe=overlap)
     assert_identical(weights(async_), weights(sync))
     moments = zip(fsdp_first_moments(async_), fsdp_first_moments(sync), strict=True)
     assert all(torch.equal(a, b) for a, b in moments)
-    assert async_["metrics"]["args"]["async_checkpoint"] and async_["metrics"]["checkpoints"] == 2
+    assert async_["metrics"]["technique"] == "Async checkpoints" and async_["metrics"]["checkpoints"] == 2
     assert [p.name for p in (tmp_path / "async").glob("sharded-step*")] == ["sharded-step8"]
     probe = ("tests/crash_probe.py", "0:in-async-write:2:0", "--")  # attempt 0: rank 0 dies writing step 8's shards
-    killed = train(tmp_path / "killed", "src/train_FSDP.py", *SHARDED, "--async-checkpoint", "--resume", nproc=2,
-                   restarts=1, probe=probe, env=RESTARTABLE)  # fmt: skip
+    killed = train(tmp_path / "killed", "src/train_async_checkpoint.py", *SHARDED, "--resume", nproc=2, restarts=1,
+                   probe=probe, env=RESTARTABLE)  # fmt: skip
     assert "resumed from" in killed["stdout"] and "1 epochs and 4 steps done" in killed["stdout"]
     assert_identical(weights(killed), weights(sync))
 

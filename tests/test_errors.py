@@ -97,8 +97,8 @@ def test_device_cuda_without_cuda_is_one_line(script):
 
 
 def test_async_checkpoint_without_a_checkpoint_dir_is_one_line():
-    proc = run("src/train_FSDP.py", "--async-checkpoint", "--device", "cpu", timeout=120)
-    assert_one_line_error(proc, "--async-checkpoint needs --checkpoint-dir", "the folder")
+    proc = run("src/train_async_checkpoint.py", "--device", "cpu", timeout=120)
+    assert_one_line_error(proc, "writes checkpoints: give --checkpoint-dir", "the folder")
 
 
 def test_regional_compile_of_a_model_without_repeated_blocks_is_one_line():

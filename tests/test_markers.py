@@ -61,6 +61,7 @@ CHAINS = {
     "train_DDP_comm_hooks.py": "train_DDP.py",
     "train_accum.py": "train_DDP.py",
     "train_FSDP.py": "train_DDP.py",
+    "train_async_checkpoint.py": "train_FSDP.py",
     "train_activation_checkpointing.py": "train.py",
     "train_selective_AC.py": "train_activation_checkpointing.py",
     "train_amp.py": "train.py",
