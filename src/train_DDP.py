@@ -92,11 +92,11 @@ total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
-start_epoch, step = 0, 0
+start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model.module, optimizer, device)  # new # every rank loads it
-    start_epoch, step = state["epoch"], state["step"]
+    start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
@@ -106,7 +106,6 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
-epochs = []
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
@@ -142,7 +141,7 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint and master:  # new # every rank stops at this step; rank 0 writes
-            common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch, step)  # new # `epoch` finished
+            common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch, step, epochs)  # new # as below
         break
 
     # new # begin: BatchNorm's running statistics differ per rank by the last step's batch (DDP broadcasts rank 0's
@@ -165,7 +164,7 @@ for epoch in range(start_epoch, args.epochs):
     if master:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint and master:  # new # rank 0 writes; every replica is the same
-        common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch + 1, step)  # new # no "module." prefix
+        common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch + 1, step, epochs)  # new # no "module."
     if step == total_steps:
         break
 

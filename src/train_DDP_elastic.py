@@ -113,13 +113,11 @@ total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
-start_epoch, step = 0, 0
-epochs_before = []  # new # per-epoch records of the attempts before a restart
+start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model.module, optimizer, device)  # new # every rank loads it
-    epochs_before = state.get("epochs", [])  # new #
-    start_epoch, step = state["epoch"], state["step"]
+    start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
@@ -129,7 +127,6 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
-epochs = epochs_before  # new #
 
 
 # new # begin: a checkpoint inside an epoch: the records, and every rank's loss summed so far in the epoch (each rank
@@ -221,9 +218,7 @@ for epoch in range(start_epoch, args.epochs):
     if master:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint and master:  # new # rank 0 writes; every replica is the same
-        common.save_checkpoint(  # new # no "module." prefix; the records too, for a restart
-            checkpoint, args, model.module, optimizer, epoch + 1, step, epochs=epochs
-        )
+        common.save_checkpoint(checkpoint, args, model.module, optimizer, epoch + 1, step, epochs)  # new # no "module."
     if step == total_steps:
         break
 

@@ -84,12 +84,12 @@ total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
-start_epoch, step = 0, 0
+start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, None, None, "cpu")  # new # checks only: shards loaded next
     common.distributed.load_full_state(state, model, optimizer, args.lr, total_steps)  # new # whole in, shards kept
-    start_epoch, step = state["epoch"], state["step"]
+    start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
@@ -99,7 +99,6 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
-epochs = []
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
@@ -140,7 +139,7 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
-            common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch, step)  # new # a collective
+            common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch, step, epochs)  # new # gathers
         break
 
     # new # every rank evaluates: the model's forward is collective
@@ -151,7 +150,7 @@ for epoch in range(start_epoch, args.epochs):
     if master:  # new #
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch + 1, step)  # new # rank 0 writes
+        common.distributed.save_full_state(checkpoint, args, model, optimizer, epoch + 1, step, epochs)  # new # gathers
     if step == total_steps:
         break
 

@@ -142,12 +142,12 @@ total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
-start_epoch, step = 0, 0
+start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, None, device)  # new # the whole model, every rank
     common.load_part(checkpoint, optimizer, state, "stage_optimizers", rank)  # new # this stage's AdamW state
-    start_epoch, step = state["epoch"], state["step"]
+    start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps, master)  # new # every rank exits; the last says so
@@ -160,7 +160,6 @@ if not master:  # new # the other ranks keep only their stages: the others' memo
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps, schedule)  # new # this process's device, and its bubble
 preemption = common.Preemption(master)  # new # SIGTERM: stop at the step boundary; the last rank says where it saved
-epochs = []
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
     print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches "  # new #
@@ -198,7 +197,7 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
-            common.save_stages(checkpoint, args, model, optimizer, epoch, step, stage_blocks, owner)  # new #
+            common.save_stages(checkpoint, args, model, optimizer, epoch, step, epochs, stage_blocks, owner)  # new #
         break
 
     common.sync_stages(stage_blocks, owner)  # new # the last stage's rank gets every stage: it evaluates
@@ -209,7 +208,7 @@ for epoch in range(start_epoch, args.epochs):
         )
         print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_stages(checkpoint, args, model, optimizer, epoch + 1, step, stage_blocks, owner)  # new #
+        common.save_stages(checkpoint, args, model, optimizer, epoch + 1, step, epochs, stage_blocks, owner)  # new #
     if step == total_steps:
         break
 

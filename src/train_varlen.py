@@ -120,11 +120,11 @@ total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
-start_epoch, step = 0, 0
+start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     state = common.load_checkpoint(checkpoint, args, model, optimizer, device)
-    start_epoch, step = state["epoch"], state["step"]
+    start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
@@ -133,7 +133,6 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
-epochs = []
 real_tokens = padded_tokens = 0  # new # the run's tokens: real ones, and all the batches held (pads included)
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
@@ -169,7 +168,7 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
-            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step)  # `epoch` epochs finished
+            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step, epochs)  # `epoch` epochs finished
         break
 
     val_loss, val_acc = common.evaluate(model, test_loader, device)
@@ -178,7 +177,7 @@ for epoch in range(start_epoch, args.epochs):
     )
     print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step)
+        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step, epochs)
     if step == total_steps:
         break
 

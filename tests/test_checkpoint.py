@@ -52,7 +52,11 @@ def test_resume_refuses_another_optimizer_or_extra_state_before_loading_anything
     assert all(torch.equal(before[key], value) for key, value in model.state_dict().items())  # nothing half-loaded
 
 
-def test_a_checkpoint_round_trip_restores_model_optimizer_and_loss_scale(tmp_path):
+def test_a_checkpoint_round_trip_restores_model_optimizer_loss_scale_and_epoch_records(tmp_path):
+    """save_checkpoint then load_checkpoint: the weights, AdamW's state, the loss scale, plain extras and the epoch
+    records come back. A file without records (an older one, or train_FSDP.py's write_full_state call, which passes
+    none yet) loads with "epochs" [], so that every script can read state["epochs"]."""
+    records = [{"epoch": 1, "step": 10, "train_loss": 0.5, "val_loss": 0.25, "val_acc": 0.75, "logits_dtype": None}]
     model = common.build_model("mlp")
     optimizer = torch.optim.AdamW(model.parameters())
     scaler = torch.amp.GradScaler("cpu", init_scale=1024.0)
@@ -64,13 +68,24 @@ def test_a_checkpoint_round_trip_restores_model_optimizer_and_loss_scale(tmp_pat
     twin_scaler = torch.amp.GradScaler("cpu", init_scale=2.0)
     (tmp_path / f".last.pt.{2**30}.tmp").write_bytes(b"half a checkpoint")  # left by a killed writer (no such pid)
     (tmp_path / f".last.pt.{os.getppid()}.tmp").write_bytes(b"")  # a live writer's: kept
-    common.save_checkpoint(tmp_path / "last.pt", _args(), model, optimizer, 1, 10, scaler=scaler, sampler_epoch=1)
+    common.save_checkpoint(
+        tmp_path / "last.pt", _args(), model, optimizer, 1, 10, records, scaler=scaler, sampler_epoch=1
+    )
     assert sorted(p.name for p in tmp_path.iterdir()) == [f".last.pt.{os.getppid()}.tmp", "last.pt"]
     state = common.load_checkpoint(tmp_path / "last.pt", _args(), twin, twin_optimizer, scaler=twin_scaler)
-    assert state["epoch"] == 1 and state["step"] == 10 and state["sampler_epoch"] == 1
+    assert state["epoch"] == 1 and state["step"] == 10 and state["sampler_epoch"] == 1 and state["epochs"] == records
     assert state["format"] == common.checkpoint.CHECKPOINT_FORMAT and state["made_by"]["state"] == ["scaler"]
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
     assert twin_optimizer.state_dict()["state"][0]["step"] == 1 and twin_scaler.get_scale() == 1024.0
+
+    del state["epochs"]  # a file saved before the records were
+    torch.save(state, tmp_path / "last.pt")
+    older = common.load_checkpoint(tmp_path / "last.pt", _args(), twin, twin_optimizer, scaler=twin_scaler)
+    assert older["epochs"] == [] and older["step"] == 10
+    gathered = {"model": model.state_dict()}  # what gather_full_state gives rank 0 (no process group needed here)
+    assert common.distributed.write_full_state(tmp_path / "full.pt", _args(), gathered, 1, 10, sharded="step10")
+    state = common.load_checkpoint(tmp_path / "full.pt", _args(), None)
+    assert state["epochs"] == [] and state["sharded"] == "step10"
 
 
 def test_resume_refuses_another_stage_cut_and_an_optimizer_state_of_other_shapes(tmp_path, capsys):

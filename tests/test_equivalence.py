@@ -856,8 +856,11 @@ def test_resume_after_sigterm(run, split, tmp_path):
     the last stage), torchrun restarts both ranks, and --resume loads it (TP shards it again, each stage takes its
     own optimizer state), skips the epoch's 4 done batches and continues the one-cycle schedule at step 4. Compared
     with the uninterrupted run of the equivalence tests above, same flags: every weight, AdamW's first moments and
-    the epoch's test loss. Tolerance: none (bit for bit): on a CPU with one seed the restart recomputes exactly
-    what the uninterrupted run computed, so any difference is state the checkpoint lost or batches skipped wrongly."""
+    the epoch records (epoch, step, test loss) in the metrics and in last.pt (save_full_state and save_stages carry
+    them, as train.py's save_checkpoint). Tolerance: none (bit for bit): on a CPU with one seed the restart
+    recomputes exactly what the uninterrupted run computed, so any difference is state the checkpoint lost or batches
+    skipped wrongly. (SPLIT is one epoch, so no record precedes the stop here: test_train.py and test_preemption.py
+    resume after an epoch's end.)"""
     script, *flags = run
     uninterrupted = split(script, *flags)
     probe = ("tests/crash_probe.py", "0:sigterm-at-step:4:0", "--")  # attempt 0: SIGTERM to rank 0 after step 4
@@ -873,8 +876,10 @@ def test_resume_after_sigterm(run, split, tmp_path):
         moments = [[s["exp_avg"] for stage in r["state"]["stage_optimizers"] for s in stage["state"].values()]
                    for r in (restarted, uninterrupted)]  # fmt: skip
     assert all(torch.equal(a, b) for a, b in zip(*moments, strict=True))
-    val_losses = [[e["val_loss"] for e in r["metrics"]["epochs"]] for r in (restarted, uninterrupted)]
-    assert val_losses[0] == val_losses[1]  # the restart's one evaluation, the end of the epoch
+    records = [[(e["epoch"], e["step"], e["val_loss"]) for e in r[key]["epochs"]]
+               for r in (restarted, uninterrupted) for key in ("metrics", "state")]  # fmt: skip
+    assert [r[:2] for r in records[0]] == [(1, 8)]  # one record: the end of the epoch's, the restart's evaluation
+    assert all(r == records[0] for r in records)  # the same in both runs' metrics and last.pt
 
 
 def test_pipeline_damaged_resume_is_one_line(split, tmp_path):

@@ -102,7 +102,8 @@ def test_sigterm_at_a_random_step_saves_that_step_and_the_resume_ends_with_the_u
     step N >= K, before step N + 1 starts; last.pt holds step N; the metrics say "terminated" at N; stderr holds the
     one line; exit 143. `--resume` trains steps N + 1 to 16 and ends with the uninterrupted run's weights, BatchNorm
     statistics and optimizer step, bit for bit (tolerance none: the same samples in the same order through the same
-    kernels, --deterministic), and the same last test loss and accuracy."""
+    kernels, --deterministic), and the uninterrupted run's epoch records: both epochs, each with its test loss and
+    accuracy (epoch 1's from last.pt when N >= 8)."""
     full = finish(["src/train.py", *FLAGS, "--checkpoint-dir", tmp_path / "full", "--metrics-out", tmp_path / "f.json"])
     assert full.returncode == 0, full.stderr
     k = random.randint(1, 10)  # the signal's step; more may run before it is seen, on a busy machine
@@ -121,9 +122,11 @@ def test_sigterm_at_a_random_step_saves_that_step_and_the_resume_ends_with_the_u
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed from {ck / 'last.pt'}: {n // 8} epochs and {n} steps done" in resumed.stdout
     assert_same_weights(state(ck / "last.pt"), state(tmp_path / "full" / "last.pt"))
-    last = json.loads((tmp_path / "resumed.json").read_text())["epochs"][-1]
-    expected = json.loads((tmp_path / "f.json").read_text())["epochs"][-1]
-    assert (last["val_loss"], last["val_acc"]) == (expected["val_loss"], expected["val_acc"])
+    resumed, expected = [json.loads((tmp_path / name).read_text())["epochs"] for name in ("resumed.json", "f.json")]
+    assert [e["epoch"] for e in resumed] == [e["epoch"] for e in expected] == [1, 2], f"N={n}"
+    assert [(e["step"], e["val_loss"], e["val_acc"]) for e in resumed] == [
+        (e["step"], e["val_loss"], e["val_acc"]) for e in expected
+    ], f"N={n}"
 
 
 def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_ends_with_the_uninterrupted_weights(
@@ -134,14 +137,15 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_ends_wi
     signal: both stop at one step because they agree on it (an all-reduce of the flag at every step boundary);
     without that, rank 1 would leave and rank 0 wait in its next collective. Rank 0 saves that step and prints the
     one line; both exit 143, which torchrun (no restarts) reports as a failure, exit 1. `torchrun ... --resume` ends
-    with the uninterrupted run's weights, bit for bit, as after a crash (test_equivalence.py). SIGTERM to torchrun
-    itself, which passes it on to every worker: the bench's test (test_bench.py) and train.py's above."""
+    with the uninterrupted run's weights, bit for bit, as after a crash (test_equivalence.py), and with its epoch
+    records (both epochs: epoch 1's from last.pt when N >= 8). SIGTERM to torchrun itself, which passes it on to every
+    worker: the bench's test (test_bench.py) and train.py's above."""
     def ranks(*flags):  # the tests' torchrun (conftest.py): its workers, forked, pass a signal on to the script
         command, env = torchrun_command("--standalone", "--nproc-per-node", 2, *flags, env=UNBUFFERED)
         return {"argv": command, "env": env}
 
     flags = ["src/train_DDP_elastic.py", *FLAGS, "--batch-size", "64", "--workers", "0"]
-    full = finish(**ranks(*flags, "--checkpoint-dir", tmp_path / "full"))
+    full = finish(**ranks(*flags, "--checkpoint-dir", tmp_path / "full", "--metrics-out", tmp_path / "f.json"))
     assert full.returncode == 0, full.stderr
     k = random.randint(1, 10)
     ck = tmp_path / "cut"
@@ -151,9 +155,13 @@ def test_sigterm_to_torchrun_stops_both_ranks_at_one_step_and_the_resume_ends_wi
     assert cut.returncode == 1 and "exitcode  : 143" in cut.stderr, cut.stderr
     n = stopped_line(cut, "train_DDP_elastic.py", ck / "last.pt")
     assert k <= n < 16 and state(ck / "last.pt")["step"] == n, f"K={k}, N={n}\n{cut.stderr}"
-    resumed = finish(**ranks(*flags, "--checkpoint-dir", ck, "--resume"))
+    resumed = finish(**ranks(*flags, "--checkpoint-dir", ck, "--resume", "--metrics-out", tmp_path / "resumed.json"))
     assert resumed.returncode == 0, resumed.stderr
     assert_same_weights(state(ck / "last.pt"), state(tmp_path / "full" / "last.pt"))
+    records = [json.loads((tmp_path / name).read_text())["epochs"] for name in ("resumed.json", "f.json")]
+    fields = ["epoch", "step", "train_loss", "val_loss", "val_acc"]  # its epoch's loss sums are in last.pt too
+    assert [[e[f] for f in fields] for e in records[0]] == [[e[f] for f in fields] for e in records[1]], f"N={n}"
+    assert [e["epoch"] for e in records[0]] == [1, 2]
 
 
 # -- a full disk ---------------------------------------------------------------------------------------------------

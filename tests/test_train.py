@@ -124,11 +124,15 @@ def test_a_run_shorter_than_its_warmup_says_not_measured(tmp_path):
 
 
 def test_resume_continues_from_the_saved_epoch(tmp_path):
+    """A 2-epoch run killed right after its epoch-1 checkpoint, then the same line + --resume: only epoch 2 is
+    trained, from the saved weights, and the metrics list both epochs, epoch 1's record the one last.pt holds (the
+    killed run's results are not lost)."""
     ckpt = tmp_path / "ckpt"
     quick = [*QUICK, "--subset", "2048"]  # 16 steps an epoch (the mid-epoch resume: tests/test_preemption.py)
     stopped_after_first_checkpoint("src/train.py", *quick, "--epochs", "2", "--checkpoint-dir", ckpt)  # epoch 1 of 2
     saved = torch.load(ckpt / "last.pt", weights_only=False)
     assert saved["epoch"] == 1 and saved["step"] == 16
+    assert [(e["epoch"], e["step"]) for e in saved["epochs"]] == [(1, 16)]  # the records of the epochs it finished
 
     second = run(
         "src/train.py",
@@ -145,8 +149,9 @@ def test_resume_continues_from_the_saved_epoch(tmp_path):
     assert second.returncode == 0, second.stderr
     assert "resumed from" in second.stdout and "1 epochs and 16 steps done" in second.stdout
     metrics = json.loads((tmp_path / "m.json").read_text())
-    assert [e["epoch"] for e in metrics["epochs"]] == [2]  # epoch 1 is not trained again
-    assert metrics["steps"] == 32 and metrics["epochs"][0]["step"] == 32
+    assert [e["epoch"] for e in metrics["epochs"]] == [1, 2]  # the epoch before the stop is in the metrics too
+    assert metrics["epochs"][0] == saved["epochs"][0] and "epoch 1 step" not in second.stdout  # not trained again
+    assert metrics["steps"] == 32 and metrics["epochs"][1]["step"] == 32
     assert metrics["test_acc"] > 0.7  # it continued from trained weights, not from scratch
     assert torch.load(ckpt / "last.pt", weights_only=False)["epoch"] == 2
 

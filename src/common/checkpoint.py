@@ -103,12 +103,15 @@ def _shown(value) -> str:
 
 def save_checkpoint(
     path: Path, args: argparse.Namespace, model: nn.Module | dict, optimizer: torch.optim.Optimizer | None, epoch: int,
-    step: int, **extra,
+    step: int, epochs: list[dict] | None = None, **extra,
 ) -> bool:  # fmt: skip
-    """Save model and optimizer state, the number of finished `epoch`s, the global `step` and `extra` to `path`.
+    """Save model and optimizer state, the number of finished `epoch`s, the global `step`, the per-epoch records
+    `epochs` and `extra` to `path`.
 
     `model` is a module or its state dict (FSDP gathers a full one); `optimizer` None leaves the optimizer's state out
-    (FSDP keeps it in its sharded checkpoint).
+    (FSDP keeps it in its sharded checkpoint). `epochs` is the script's list of `epoch_record` dicts (plain numbers and
+    strings), the metrics' "epochs": a resumed run starts from it, so that its metrics list the epochs trained before
+    the stop too; None (a caller that keeps no records) saves `[]`.
 
     `extra` holds state holders (objects with a state_dict, e.g. scaler=GradScaler: their state_dict is saved) and
     plain values (sampler_epoch=3). The file also holds its format version (CHECKPOINT_FORMAT) and what made it
@@ -130,6 +133,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "epoch": epoch,
         "step": step,
+        "epochs": [] if epochs is None else epochs,
         **{name: value.state_dict() if name in holders else value for name, value in extra.items()},
     }
     for stale in path.parent.glob(f".{path.name}.*.tmp"):
@@ -173,7 +177,9 @@ def load_checkpoint(
 ) -> dict:
     """Load a `save_checkpoint` file into `model`, `optimizer` and the state `holders` (scaler=GradScaler...); return
     the whole dict (epoch, step, plain extras). With `model` None, it only checks the file and returns it (FSDP loads
-    its sharded state itself).
+    its sharded state itself). The dict always has "epochs", the records (`epoch_record` dicts) of the epochs finished
+    before the save, which the resumed run goes on appending to: `[]` in a file saved without them (an older file, or
+    one from a script that passes no records yet), so that a script can always read `state["epochs"]`.
 
     Checks before loading anything: the format version, then that the file was made by a run like this one (every
     CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed, world size, batch per
@@ -215,6 +221,7 @@ def load_checkpoint(
             holder.load_state_dict(state[name])
     except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError) as error:
         die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
+    state.setdefault("epochs", [])  # a file saved without the records: the epochs before it left none
     RUN["saved"] = (Path(path), state["step"])  # what the file on disk holds, until the next save
     return state
 

@@ -69,16 +69,18 @@ def require_same_count(count: int, device: torch.device, what: str) -> None:
 
 
 def save_full_state(
-    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, optimizer, epochs_done: int, step: int, **extra
-) -> bool:
+    checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, optimizer, epochs_done: int, step: int,
+    epochs: list[dict] | None = None, **extra,
+) -> bool:  # fmt: skip
     """Write `checkpoint` (last.pt) as train.py writes it, from a model whose parameters are DTensors sharded over
     the ranks (FSDP2's fully_shard, tensor parallelism): every rank must call it (the shards are all-gathered onto
     rank 0's host memory, `full_state_dict=True, cpu_offload=True`), rank 0 writes. "model" holds whole float32
     tensors under train.py's keys, so train.py's model loads it; with an `optimizer`, "full_optimizer" holds its
-    state keyed by parameter name (load_full_state reads it back). `extra` goes into the file as it is. Returns what
-    save_checkpoint returns on rank 0 (whether the file was written), False on the other ranks. The same as
-    `write_full_state(..., gather_full_state(model, optimizer), ...)`, for a write that must wait (an async save)."""
-    return write_full_state(checkpoint, args, gather_full_state(model, optimizer), epochs_done, step, **extra)
+    state keyed by parameter name (load_full_state reads it back). `epochs` (rank 0's per-epoch records) and `extra`
+    go into the file as save_checkpoint writes them. Returns what save_checkpoint returns on rank 0 (whether the file
+    was written), False on the other ranks. The same as `write_full_state(..., gather_full_state(model, optimizer),
+    ...)`, for a write that must wait (an async save)."""
+    return write_full_state(checkpoint, args, gather_full_state(model, optimizer), epochs_done, step, epochs, **extra)
 
 
 def gather_full_state(model: torch.nn.Module, optimizer=None) -> dict | None:
@@ -97,14 +99,16 @@ def gather_full_state(model: torch.nn.Module, optimizer=None) -> dict | None:
 
 
 def write_full_state(
-    checkpoint: Path, args: argparse.Namespace, gathered: dict | None, epochs_done: int, step: int, **extra
-) -> bool:
-    """Rank 0 writes what `gather_full_state` gave it to `checkpoint` (save_checkpoint: atomic, a failed write one
-    line and False); the other ranks (`gathered` None) write nothing and return False."""
+    checkpoint: Path, args: argparse.Namespace, gathered: dict | None, epochs_done: int, step: int,
+    epochs: list[dict] | None = None, **extra,
+) -> bool:  # fmt: skip
+    """Rank 0 writes what `gather_full_state` gave it to `checkpoint`, with the per-epoch records `epochs` (None:
+    none kept, `[]` saved) and `extra` (save_checkpoint: atomic, a failed write one line and False); the other ranks
+    (`gathered` None) write nothing and return False."""
     if gathered is None:
         return False
     state = dict(gathered)
-    return save_checkpoint(checkpoint, args, state.pop("model"), None, epochs_done, step, **state, **extra)
+    return save_checkpoint(checkpoint, args, state.pop("model"), None, epochs_done, step, epochs, **state, **extra)
 
 
 def load_full_state(state: dict, model: torch.nn.Module, optimizer, lr: float, total_steps: int) -> None:
@@ -137,15 +141,16 @@ def sync_stages(stage_blocks: list[list[torch.nn.Module]], owner: list[int]) -> 
 
 def save_stages(
     checkpoint: Path, args: argparse.Namespace, model: torch.nn.Module, optimizer, epochs_done: int, step: int,
-    stage_blocks: list[list[torch.nn.Module]], owner: list[int],
+    epochs: list[dict], stage_blocks: list[list[torch.nn.Module]], owner: list[int],
 ) -> bool:  # fmt: skip
     """last.pt of a pipeline (see sync_stages for `stage_blocks` and `owner`): the whole `model` as train.py saves
-    it, which train.py's model loads, and "stage_optimizers", each rank's optimizer state (over its stages'
-    parameters) by rank (checkpoint.load_part reads a rank's back); the last stage's rank writes it. Every rank must
-    call it. Returns what save_checkpoint returns on that rank (whether the file was written), False on the others."""
+    it, which train.py's model loads, the per-epoch records `epochs` (the writing rank's: the last stage's, which
+    evaluates), and "stage_optimizers", each rank's optimizer state (over its stages' parameters) by rank
+    (checkpoint.load_part reads a rank's back); the last stage's rank writes it. Every rank must call it. Returns what
+    save_checkpoint returns on that rank (whether the file was written), False on the others."""
     sync_stages(stage_blocks, owner)
     stage_optimizers = [None] * dist.get_world_size()
     dist.all_gather_object(stage_optimizers, optimizer.state_dict())
     if dist.get_rank() != owner[-1]:
         return False
-    return save_checkpoint(checkpoint, args, model, None, epochs_done, step, stage_optimizers=stage_optimizers)
+    return save_checkpoint(checkpoint, args, model, None, epochs_done, step, epochs, stage_optimizers=stage_optimizers)
