@@ -121,7 +121,7 @@ total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
-start_epoch, step = 0, 0
+start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     # new # begin: last.pt says what made the run and how far it got; every rank reads its shards from the DCP folder
@@ -133,7 +133,7 @@ if args.resume and checkpoint.exists():
     dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / state["sharded"])
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
     # new # end
-    start_epoch, step = state["epoch"], state["step"]
+    start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
@@ -154,14 +154,14 @@ def save_sharded(epochs_done: int) -> None:
     shards, path = {"model": model_state, "optimizer": optimizer_state}, args.checkpoint_dir / folder
     full = common.distributed.gather_full_state(model)  # last.pt's whole model, on rank 0 (train.py loads it)
     dcp.save(shards, checkpoint_id=path)
-    write_last(full, epochs_done, step)
+    write_last(full, epochs_done, step, epochs)
     checkpoint_s += time.perf_counter() - started
 
 
-def write_last(full: dict | None, epochs_done: int, done_step: int) -> None:
+def write_last(full: dict | None, epochs_done: int, done_step: int, records: list) -> None:
     """Rank 0 writes last.pt, once every rank's shards of step `done_step` are on disk; the older shards go."""
     folder = f"sharded-step{done_step}"
-    if common.distributed.write_full_state(checkpoint, args, full, epochs_done, done_step, sharded=folder):
+    if common.distributed.write_full_state(checkpoint, args, full, epochs_done, done_step, records, sharded=folder):
         for old in args.checkpoint_dir.glob("sharded-step*"):  # the new one is named in last.pt: the old ones go
             if old.name != folder:
                 shutil.rmtree(old, ignore_errors=True)
@@ -171,7 +171,6 @@ def write_last(full: dict | None, epochs_done: int, done_step: int) -> None:
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
-epochs = []
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)

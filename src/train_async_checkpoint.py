@@ -120,7 +120,7 @@ total_steps = args.epochs * len(train_loader)
 if args.max_steps:
     total_steps = min(total_steps, args.max_steps)
 
-start_epoch, step = 0, 0
+start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
     # new # begin: last.pt says what made the run and how far it got; every rank reads its shards from the DCP folder
@@ -132,7 +132,7 @@ if args.resume and checkpoint.exists():
     dcp.load({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=args.checkpoint_dir / state["sharded"])
     set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optimizer_state)
     # new # end
-    start_epoch, step = state["epoch"], state["step"]
+    start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     if master:  # new #
         print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
@@ -155,14 +155,14 @@ def save_sharded(epochs_done: int) -> None:
     full = common.distributed.gather_full_state(model)  # last.pt's whole model, on rank 0 (train.py loads it)
     # new # the shards copied to host memory now (in this thread), written by a background thread while training goes on
     writing = dcp.async_save(shards, checkpoint_id=path, process_group=checkpoint_group)  # new #
-    pending = (writing, full, epochs_done, step)  # new # last.pt is written once the shards are on disk
+    pending = (writing, full, epochs_done, step, list(epochs))  # new # last.pt's, once the shards are on disk
     checkpoint_s += time.perf_counter() - started
 
 
-def write_last(full: dict | None, epochs_done: int, done_step: int) -> None:
+def write_last(full: dict | None, epochs_done: int, done_step: int, records: list) -> None:
     """Rank 0 writes last.pt, once every rank's shards of step `done_step` are on disk; the older shards go."""
     folder = f"sharded-step{done_step}"
-    if common.distributed.write_full_state(checkpoint, args, full, epochs_done, done_step, sharded=folder):
+    if common.distributed.write_full_state(checkpoint, args, full, epochs_done, done_step, records, sharded=folder):
         for old in args.checkpoint_dir.glob("sharded-step*"):  # the new one is named in last.pt: the old ones go
             if old.name != folder:
                 shutil.rmtree(old, ignore_errors=True)
@@ -170,7 +170,7 @@ def write_last(full: dict | None, epochs_done: int, done_step: int) -> None:
 
 # new # end
 # new # begin: the save in flight, named in last.pt only once on disk (a crash during the write leaves the last whole)
-pending = None  # (the writer's future, last.pt's full model, epochs finished, step)
+pending = None  # (the writer's future, last.pt's full model, epochs finished, step, the epochs' records)
 # the writer thread runs collectives while training runs its own: in one group they could interleave differently on
 # each rank and hang; async_save needs the group to have a CPU backend
 checkpoint_group = dist.new_group(backend="gloo")
@@ -182,9 +182,9 @@ def finish_save() -> None:
     if pending is None:
         return
     started = time.perf_counter()
-    (writing, full, epochs_done, done_step), pending = pending, None
+    (writing, full, epochs_done, done_step, records), pending = pending, None
     writing.result()  # raises what the writer thread raised
-    write_last(full, epochs_done, done_step)
+    write_last(full, epochs_done, done_step, records)
     checkpoint_s += time.perf_counter() - started
 
 
@@ -192,7 +192,6 @@ def finish_save() -> None:
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
-epochs = []
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
