@@ -194,6 +194,12 @@ MUTATIONS = [
      "    for blocks, rank in zip(stage_blocks, owner):\n",
      "    for blocks, rank in zip(stage_blocks, owner[: dist.get_world_size()]):\n",
      EQ + "test_pipeline_schedule[interleavedzerobubble]"),
+    ("train_pipeline.py", "stages sent to the last rank from rank 0 only (a sync written for 2 ranks): with 4 ranks the "
+     "middle stages never reach it",
+     "src/common/distributed.py",
+     "        if rank != to and me in (rank, to):\n",
+     "        if rank == 0 and me in (rank, to):\n",
+     EQ + "test_pipeline_on_four_ranks"),
     ("train_pipeline.py", "the zero-bubble schedules' theory taken as interleaved 1F1B's (p - 1) / (v m + p - 1): the "
      "weight gradients that fill the bubble not counted",
      "src/train_pipeline.py", 'units = 3 if "zerobubble" in args.schedule else 1', "units = 1",

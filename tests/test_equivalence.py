@@ -815,6 +815,21 @@ def test_pipeline_schedule(schedule, name, clip, ranks, theory, unsplit, split):
     assert_loads_into_train_py(pp["checkpoint"])
 
 
+def test_pipeline_on_four_ranks(unsplit, tmp_path):
+    """train_pipeline.py (GPipe) on 4 gloo processes, one stage each, vs train.py, as test_pipeline_schedule with its
+    tolerances: with more than 2 ranks the last stage's rank (3) must receive every other stage point to point, from
+    its own rank, to evaluate and to write last.pt (common.sync_stages), while the middle ranks' copies of the stages
+    they do not train are freed. A stage received from the wrong rank, or written into another rank's freed blocks,
+    moves the test loss and last.pt's weights; the clipping norm sums all 4 ranks' squares."""
+    pp = train(tmp_path, "src/train_pipeline.py", *SPLIT, "--clip-grad-norm", "1.0", nproc=4)
+    assert_parity(pp, unsplit("1.0"), steps=8, moments=3e-4, weights=1e-5, loss=1e-5, val_loss=1e-5,
+                  run_moments=stage_moments, label="pipeline (4 ranks)")  # fmt: skip
+    metrics = pp["metrics"]
+    assert metrics["stage_ranks"] == [0, 1, 2, 3] and metrics["bubble_theory"] == pytest.approx(3 / 7)
+    assert len(metrics["bubble_measured"]) == 4 and sum(metrics["stage_params"]) == metrics["params"]
+    assert_loads_into_train_py(pp["checkpoint"])
+
+
 def test_fsdp_tp_matches_train(unsplit, tmp_path):
     """train_FSDP_TP.py on 4 gloo processes, a 2 x 2 (dp, tp) mesh: two data-parallel groups of 32 images a step,
     each block split over a group's 2 tp ranks and sharded over the 2 groups, vs train.py on the same 8 batches of 64

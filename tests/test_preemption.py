@@ -282,3 +282,33 @@ def test_bench_tables_that_do_not_fit_leave_the_previous_ones(tmp_path):
         assert proc.returncode == 1, proc.stderr
         one_error_line(proc, "bench.py", disk / "r" / "summary.csv")
         assert snapshot(disk / "r") == before
+
+
+SECOND_SIGTERM = """
+import os, signal, sys, time
+sys.path.insert(0, "src")
+import common
+preemption = common.Preemption()
+os.kill(os.getpid(), signal.SIGTERM)
+time.sleep(0.01)
+if sys.argv[1] == "stopped":
+    assert preemption.requested(5)  # the run stops at this step boundary, then saves and leaves
+time.sleep(1.1)  # later than the first signal passed on
+os.kill(os.getpid(), signal.SIGTERM)  # as torchrun sends one to every worker once another exited 143
+time.sleep(0.1)
+print("still here", flush=True)
+preemption.exit()
+"""
+
+
+def test_a_second_sigterm_kills_while_training_and_is_ignored_once_stopped():
+    """While the run trains, a second SIGTERM (more than a second after the first) ends the process at once, as
+    without the handler. Once the run has stopped at a step boundary, it is ignored: the rank finishes its save, its
+    metrics and its closing line (torchrun signals the rest of a job as soon as one worker exits 143)."""
+    training = subprocess.run([sys.executable, "-c", SECOND_SIGTERM, "training"], cwd=REPO, capture_output=True,
+                              text=True, timeout=60)  # fmt: skip
+    assert training.returncode == -signal.SIGTERM and "still here" not in training.stdout
+    stopped = subprocess.run([sys.executable, "-c", SECOND_SIGTERM, "stopped"], cwd=REPO, capture_output=True,
+                             text=True, timeout=60)  # fmt: skip
+    assert stopped.returncode == 143 and "still here" in stopped.stdout, stopped.stderr
+    assert "terminated by SIGTERM at step 5" in stopped.stderr

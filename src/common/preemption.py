@@ -25,9 +25,13 @@ class Preemption:
     `if preemption.requested(step): break` at the top of each step, then, after the loop, save a checkpoint at that
     step boundary and skip the evaluation when `preemption.stopped_at` is set; `report` writes the metrics of what
     finished with status "terminated"; `preemption.exit()` as the script's last line prints one line and exits 143
-    (128 + 15, the shell's code for SIGTERM). A second SIGTERM ends the process at once, as without the handler; one
-    that comes within a second of the first is the same signal passed on, not a second one (Slurm signals every
-    process of a job step, torchrun too, and torchrun passes it on to its workers at once).
+    (128 + 15, the shell's code for SIGTERM). A second SIGTERM while the run still trains ends the process at once, as
+    without the handler; one that comes within a second of the first is the same signal passed on, not a second one
+    (Slurm signals every process of a job step, torchrun too, and torchrun passes it on to its workers at once). Once
+    the run has stopped at its step boundary (`requested` said so), further SIGTERMs are ignored: the process is
+    already saving and leaving, and torchrun sends one to every worker still running as soon as another exits 143,
+    which would otherwise cut the stopping rank's checkpoint, metrics or closing line short (torchrun follows it with
+    SIGKILL after its grace period, 30 s).
 
     Under torch.distributed (created after `init_process_group`, by every rank), `requested` all-reduces the flag
     (MAX) at every step boundary, so every rank stops at the same step even when the signal reaches them at different
@@ -54,7 +58,7 @@ class Preemption:
 
     def _handle(self, signum, frame) -> None:
         now = time.monotonic()
-        if self._signalled and now - self._signalled > 1.0:  # a second SIGTERM: die of it now
+        if self._signalled and now - self._signalled > 1.0 and self.stopped_at is None:  # a second one: die now
             signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
         self._signalled = self._signalled or now  # (seconds; within 1 s of the first, the same signal passed on)
