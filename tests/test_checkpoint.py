@@ -54,8 +54,8 @@ def test_resume_refuses_another_optimizer_or_extra_state_before_loading_anything
 
 def test_a_checkpoint_round_trip_restores_model_optimizer_loss_scale_and_epoch_records(tmp_path):
     """save_checkpoint then load_checkpoint: the weights, AdamW's state, the loss scale, plain extras and the epoch
-    records come back. A file without records (an older one, or train_FSDP.py's write_full_state call, which passes
-    none yet) loads with "epochs" [], so that every script can read state["epochs"]."""
+    records come back. A file without records (an older one, or a write_full_state call given none) loads with
+    "epochs" [], so that every script can read state["epochs"]."""
     records = [{"epoch": 1, "step": 10, "train_loss": 0.5, "val_loss": 0.25, "val_acc": 0.75, "logits_dtype": None}]
     model = common.build_model("mlp")
     optimizer = torch.optim.AdamW(model.parameters())

@@ -178,8 +178,8 @@ def load_checkpoint(
     """Load a `save_checkpoint` file into `model`, `optimizer` and the state `holders` (scaler=GradScaler...); return
     the whole dict (epoch, step, plain extras). With `model` None, it only checks the file and returns it (FSDP loads
     its sharded state itself). The dict always has "epochs", the records (`epoch_record` dicts) of the epochs finished
-    before the save, which the resumed run goes on appending to: `[]` in a file saved without them (an older file, or
-    one from a script that passes no records yet), so that a script can always read `state["epochs"]`.
+    before the save, which the resumed run goes on appending to: `[]` in a file saved without them (a file older than
+    the records, or a caller that keeps none), so that a script can always read `state["epochs"]`.
 
     Checks before loading anything: the format version, then that the file was made by a run like this one (every
     CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed, world size, batch per
