@@ -52,6 +52,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
 
 import diff_pages  # noqa: E402
+import estimate  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from cells import hardware_line, provenance_line  # noqa: E402
@@ -59,10 +60,11 @@ from peak import gemm_peak_in_a_child, peak_line  # noqa: E402
 import pairs  # noqa: E402
 from plots import plot  # noqa: E402
 from profiles import fail, load_profile, skip_reason  # noqa: E402
-from runs import Stop, command, execute, finished_rows, relabel, run_paths  # noqa: E402
+from runs import Stop, command, execute, finished_rows, relabel, run_paths, settle_fresh  # noqa: E402
 from summary import summarise  # noqa: E402
 from tables import ladder_markdown, noise_line, peak_table, table_markdown  # noqa: E402
 from tqdm import tqdm  # noqa: E402
+import zygote  # noqa: E402
 
 import common  # noqa: E402
 
@@ -128,12 +130,35 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser.add_argument("--matrix", type=Path, default=REPO / "bench" / "profiles.toml", help="the profiles (TOML)")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the scripts")
     parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start every run in a fresh interpreter (default on Linux: single-process runs fork from a server that "
+        "has imported torch once, bench/zygote.py; torchrun's runs always start fresh)",
+    )
+    parser.add_argument(
         "--only", action="append", default=None, help="run only configurations whose name contains this (repeatable)"
     )
     parser.add_argument(
         "--resume",
         action="store_true",
         help="keep the ok runs already in OUT/runs.csv (same command, metrics JSON present) and run only the others",
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run nothing: print the runs the profile would make, in order, and each one's estimated seconds from the "
+        "recorded runs of earlier result folders (--costs), and the total",
+    )
+    parser.add_argument(
+        "--costs",
+        type=Path,
+        action="append",
+        default=None,
+        help="with --dry-run: a result folder whose runs.csv gives the recorded costs (repeatable; default: every GPU "
+        "folder under results/ for a GPU profile, the GPU kind of --gpu-kind first)",
+    )
+    parser.add_argument(
+        "--gpu-kind", default=None, help="with --dry-run: the GPU whose records come first (h100, h200; default: any)"
     )
     parser.add_argument(
         "--tables-only",
@@ -205,6 +230,17 @@ def tables_again(out: Path, matrix: list[dict], profile: str) -> None:
     write_tables(out, runs, matrix, env, env.get("profile", profile))
 
 
+def dry_run(args: argparse.Namespace, profile: str, matrix: list[dict], rounds: int, gpus: int, bf16: bool) -> None:
+    """--dry-run: the plan of the profile (as this machine would run it, or as a GPU machine would for a profile
+    whose rows need one) with each run's estimated seconds, printed; nothing runs."""
+    needs_gpu = any(run.get("requires") == "cuda" or "cuda" in run["args"] for run in matrix)
+    skipped = {run["name"] for run in matrix if skip_reason(run, max(gpus, int(needs_gpu)), bf16)}
+    jobs, _ = pairs.plan(matrix, rounds, skipped)
+    folders = args.costs or estimate.cost_folders(args.gpu_kind)
+    found, _, note = estimate.estimate(jobs, {run["name"]: run for run in matrix}, folders)
+    print(estimate.dry_run_text(profile, found, note))
+
+
 def bench_environment(args: argparse.Namespace, profile: str, gpus: int, table: dict) -> dict:
     """env.json: the machine and software (common.env), the profile and matrix, the start time, the command line and
     the device's measured matmul peak per dtype (once per bench run, before the matrix: what the of-peak columns
@@ -220,12 +256,47 @@ def bench_environment(args: argparse.Namespace, profile: str, gpus: int, table: 
     }
 
 
+CUDA_AFTER_FORK = "import torch\ntorch.zeros(1, device='cuda').add_(1).cpu()\n"  # a forked child starts CUDA
+
+
+def fork_server(args: argparse.Namespace, gpus: int):
+    """The fork server the single-process runs start from (bench/zygote.py), or None with a line saying why: --fresh,
+    not Linux, a server that failed its clean-fork check, or (on a machine with a GPU) a forked child that could not
+    start CUDA."""
+    if args.fresh or sys.platform != "linux":
+        return None
+    try:
+        server = zygote.start(python=args.python, cwd=str(REPO))
+    except (zygote.Unclean, OSError) as error:
+        print(f"bench: every run starts a fresh interpreter: the fork server did not start cleanly ({error})")
+        return None
+    if gpus:
+        import subprocess
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", suffix=".py") as probe:
+            probe.write(CUDA_AFTER_FORK)
+            probe.flush()
+            launch = [str(REPO / "bench" / "zygote_python"), probe.name]
+            done = subprocess.run(launch, env=server.env(), capture_output=True, text=True, timeout=120)
+        if done.returncode != 0:
+            server.close()
+            print(f"bench: every run starts a fresh interpreter: a forked child could not start CUDA "
+                  f"({(done.stderr.strip().splitlines() or ['?'])[-1]})")  # fmt: skip
+            return None
+    print(f"bench: single-process runs fork from a server that imported torch once ({server.import_s:.1f} s each "
+          "spared; --fresh: none)", flush=True)  # fmt: skip
+    return server
+
+
 class Matrix:
     """The runs of one bench run and their rows: `run_all` runs the interleaved plan (or takes a finished run from
-    --resume), `rerun_disturbed` the disturbed pairs again; runs.csv and pairs.csv are rewritten after every run."""
+    --resume), `rerun_disturbed` the disturbed pairs again; runs.csv and pairs.csv are rewritten after every run.
+    `server`: the fork server single-process runs start from (None: each in a fresh interpreter)."""
 
-    def __init__(self, args, matrix: list[dict], rounds: int, skipped: dict, out: Path, gpus: int, stop):
+    def __init__(self, args, matrix: list[dict], rounds: int, skipped: dict, out: Path, gpus: int, stop, server=None):
         self.args, self.out, self.gpus, self.stop, self.rounds = args, out, gpus, stop, rounds
+        self.server = server
         self.jobs, self.plan = pairs.plan(matrix, rounds, set(skipped))
         write_csv(pairs.plan_table(self.plan), out / "pairs.csv")  # which runs pair up: the tables read it back
         self.by_name, self.seen = {run["name"]: run for run in matrix}, {}
@@ -252,7 +323,7 @@ class Matrix:
             if previous and previous.get("command") == same:
                 row = previous  # --resume: this run already finished with the same command
             else:
-                row = execute(run, k, self.out, self.args.python, self.gpus, self.stop)
+                row = execute(run, k, self.out, self.args.python, self.gpus, self.stop, self.server)
             row.update(job=job.index, round=job.round)
             self._keep(row)
             bar.write(
@@ -282,7 +353,7 @@ class Matrix:
                 indices = {}
                 for name in order:
                     run, k = self._run(name)
-                    row = execute(run, k, self.out, self.args.python, self.gpus, self.stop)
+                    row = execute(run, k, self.out, self.args.python, self.gpus, self.stop, self.server)
                     indices[name] = len(self.jobs)
                     row.update(job=len(self.jobs), round=extra_round)
                     self.jobs.append(pairs.Job(name, extra_round, len(self.jobs)))
@@ -300,6 +371,8 @@ def main() -> None:
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     bf16 = common.env.cpu_info()["bf16_instructions"]
     profile, table, matrix, rounds = the_matrix(parser, args, gpus, bf16)
+    if args.dry_run:
+        return dry_run(args, profile, matrix, rounds, gpus, bf16)
     out = args.out or REPO / "results" / "local" / profile
     problem = common.output_problem(out, is_folder=True)  # before any run: a folder it can write
     if problem:
@@ -311,8 +384,12 @@ def main() -> None:
     print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
     common.io.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
     skipped = {run["name"]: reason for run in matrix if (reason := skip_reason(run, gpus, bf16))}
-    with Stop() as stop:  # from here on, Ctrl-C and SIGTERM stop the matrix at a safe point, never mid-write
-        runs = Matrix(args, matrix, rounds, skipped, out, gpus, stop)
+    server = fork_server(args, gpus)
+    settle_fresh(matrix, pairs.comparisons(matrix), server)  # a pair's two runs start the same way
+    with Stop() as stop, contextlib.ExitStack() as cleanup:  # Ctrl-C and SIGTERM stop the matrix at a safe point
+        if server is not None:
+            cleanup.callback(server.close)
+        runs = Matrix(args, matrix, rounds, skipped, out, gpus, stop, server)
         print(
             f"bench: profile {profile}, {len(matrix)} configurations, {len(runs.jobs)} runs ({len(runs.plan)} pairs in "
             f"{rounds} interleaved rounds) -> {out}",

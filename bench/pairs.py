@@ -178,10 +178,11 @@ def ratio_cell(ratios: list[float], floor: float | None, short: bool = False) ->
 
 def is_self_pair(comparison: Comparison, matrix: list[dict]) -> bool:
     """Whether the comparison's row is a copy of its reference (same script, arguments and environment variables):
-    the noise floor's pair. Rows that differ only in `env` (a thread count, an allocator) are not copies."""
+    the noise floor's pair. Rows that differ only in `env` (a thread count, an allocator) or in how they start
+    (`fresh`: a fresh interpreter against a child of the bench's fork server) are not copies."""
     rows = {run["name"]: run for run in matrix}
     row, reference = rows.get(comparison.row), rows.get(comparison.reference)
-    same = ("script", "args", "env")
+    same = ("script", "args", "env", "fresh")
     return bool(row and reference) and all(row.get(key) == reference.get(key) for key in same)
 
 

@@ -77,15 +77,15 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
             calls += 1
         return 2 * side**3 * calls / elapsed / 1e12
 
-    tf32 = torch.backends.cuda.matmul.allow_tf32
+    setting = torch.backends.cuda.matmul.fp32_precision  # torch's current API (allow_tf32 is the deprecated one)
     try:
-        for name, dtype, allow_tf32 in [
-            ("float32", torch.float32, False),
-            *([("tf32", torch.float32, True)] if cuda else []),
-            ("bfloat16", torch.bfloat16, False),
-            ("float16", torch.float16, False),
+        for name, dtype, precision in [
+            ("float32", torch.float32, "ieee"),
+            *([("tf32", torch.float32, "tf32")] if cuda else []),
+            ("bfloat16", torch.bfloat16, "ieee"),
+            ("float16", torch.float16, "ieee"),
         ]:
-            torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+            torch.backends.cuda.matmul.fp32_precision = precision
             rates = []
             for side in sides:  # growing: a side whose one call is slow stops the growth (and is not timed)
                 if (r := rate(side, dtype, seconds / len(sides))) is None:
@@ -97,7 +97,7 @@ def measure_gemm_peak(device: torch.device, seconds: float = 1.0) -> dict[str, f
                 side //= 2
             peaks[name] = max(rates)
     finally:
-        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cuda.matmul.fp32_precision = setting
     return peaks
 
 
@@ -107,10 +107,14 @@ def matmul_dtype(precision, model=None) -> str:
     against. "TF32 convs" is cuDNN's default for convolutions; matmuls stay float32 (torch's default), so a model
     whose FLOPs are matmuls (mlp, vit, gpt, gpt2) is measured against the float32 peak."""
     text = str(precision)
+    if "float8" in text:  # torchao's float8 matmuls: no probe measures their peak, so no of-peak share
+        return "float8"
     for name in ("bfloat16", "float16"):
         if name in text:
             return name
-    return "tf32" if "TF32" in text and model not in ("mlp", "vit", "gpt", "gpt2") else "float32"
+    if "TF32 matmuls" in text:  # train_tf32.py: every float32 matmul and convolution on TF32 tensor cores
+        return "tf32"
+    return "tf32" if "TF32" in text and model not in ("mlp", "vit", "gpt", "gpt2", "gpt-wide") else "float32"
 
 
 def of_peak(achieved, precision, env: dict, model=None, gpus=0):

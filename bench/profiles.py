@@ -29,7 +29,7 @@ PROFILE_KEYS = {
 RUN_KEYS = {
     "name", "script", "args", "baseline", "ladder", "rung_base", "ceiling", "ablation_of", "memory", "launcher", "nproc",
     "requires", "min_gpus", "without_bf16", "repeats", "timeout_s", "note", "sweep", "knob", "same_as", "skip",
-    "paired", "env",
+    "paired", "env", "fresh", "estimate_s",
 }  # fmt: skip
 
 
@@ -69,8 +69,9 @@ def load_profile(matrix: Path, profile: str) -> dict:
         _known_keys_only(run, RUN_KEYS, at)
         if not isinstance(run.get("script"), str) or not (REPO / run["script"]).is_file():
             fail(f'{at}: script {run.get("script")!r} is not a file of the repository (e.g. "src/train.py")')
-        if not isinstance(run.get("paired", True), bool):
-            fail(f"{at}: paired must be true or false, got {run['paired']!r}")
+        for key in ("paired", "fresh"):
+            if not isinstance(run.get(key, True), bool):
+                fail(f"{at}: {key} must be true or false, got {run[key]!r}")
         if run.get("launcher", "python") not in ("python", "torchrun"):
             fail(f'{at}: launcher must be "python" or "torchrun", got {run["launcher"]!r}')
         if "nproc" in run and run["nproc"] != "gpus" and not (isinstance(run["nproc"], int) and run["nproc"] > 0):
@@ -88,6 +89,10 @@ def load_profile(matrix: Path, profile: str) -> dict:
                 f"{at}: a sweep row needs sweep (its name) and knob, one of {', '.join(KNOBS)} (or two lists of "
                 "the same length: the row is a point of each sweep)"
             )
+        estimate = run.get("estimate_s", [1.0])
+        if not (isinstance(estimate, list) and 1 <= len(estimate) <= 2
+                and all(isinstance(x, int | float) and not isinstance(x, bool) and x > 0 for x in estimate)):
+            fail(f"{at}: estimate_s must be [seconds of its first run] or [first, later], positive, got {estimate!r}")
         _check_values(run, at)
     shared = table.get("args", [])  # the profile's flags for every row, before the row's own (which win)
     for run in runs:

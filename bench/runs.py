@@ -161,7 +161,7 @@ class Stop:
         return "Ctrl-C" if self.signal == signal.SIGINT else signal.Signals(self.signal).name
 
 
-POLL_S = 0.2  # how often a waiting runner looks at the stop flag and the timeout
+POLL_S = 0.05  # how often a waiting runner looks at the stop flag, the timeout and the run's exit
 # On Linux each run starts through this launcher: it asks the kernel to send the run SIGTERM when the runner dies, even
 # by SIGKILL (prctl PR_SET_PDEATHSIG), checks that the runner did not die before that, then becomes the run's command.
 # A run is in its own session, so without it a killed runner would leave it running. torchrun ends its workers on
@@ -206,12 +206,52 @@ def end_run(process: subprocess.Popen) -> None:
     process.wait()
 
 
-def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Stop) -> dict:
+def can_fork(run: dict, server) -> bool:
+    """Whether `run` could start in a child of the fork server `server` (bench/zygote.py; None: no server): a
+    single-process run (torchrun's workers start fresh) whose environment changes nothing the server fixed at its
+    start (a thread count, LD_PRELOAD: zygote.FIXED)."""
+    if server is None or run["launcher"] != "python":
+        return False
+    env = {**os.environ, **run.get("env", {})}
+    return all(env.get(key) == value for key, value in server.fixed.items())
+
+
+def forked(run: dict, server) -> bool:
+    """Whether `run` starts in a child of the fork server: it `can_fork` and is not marked `fresh` (in the matrix,
+    or by `settle_fresh`)."""
+    return can_fork(run, server) and not run.get("fresh")
+
+
+def settle_fresh(matrix: list[dict], comparisons, server) -> list[str]:
+    """Mark `fresh` every row compared with a row that cannot fork (a torchrun run, an environment the server did not
+    start with), and so on along the comparisons: the two runs of a pair start the same way, so that a ratio measures
+    the technique and never the way its runs started. A row the matrix itself marks `fresh` (a comparison of the two
+    ways) changes nothing. Returns the names marked."""
+    if server is None:
+        return []
+    rows, marked = {run["name"]: run for run in matrix}, []
+    chosen = {name for name, run in rows.items() if run.get("fresh")}  # the matrix's own: left as they are
+    changed = True
+    while changed:
+        changed = False
+        for c in comparisons:
+            a, b = rows.get(c.row), rows.get(c.reference)
+            if a and b and not {a["name"], b["name"]} & chosen and forked(a, server) != forked(b, server):
+                fresh = a if forked(a, server) else b
+                fresh["fresh"], changed = True, True
+                marked.append(fresh["name"])
+    return marked
+
+
+def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Stop, server=None) -> dict:
     """Run `run` once as a subprocess with its timeout; return its row for runs.csv.
 
     status: ok, failed (non-zero exit or no metrics), oom (out of memory in its log), timeout (killed after
     `timeout_s`), or interrupted (`stop` was signalled before or while it ran: the run is not started, or its whole
-    process group is killed, and the caller stops the matrix).
+    process group is killed, and the caller stops the matrix). With a fork server (`server`, bench/zygote.py) a run
+    that `forked` allows starts as its child (`zygote.py --client`; the row's `started`: forked / fresh); the
+    command recorded is the one a reader types either way. `startup_s` and `after_s`: the seconds from the launch to
+    the training's start and from its end to the run's exit (the metrics' wall-clock marks).
     """
     log, metrics = run_paths(run, repeat, out)
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -221,6 +261,10 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
     shown = " ".join([*(f"{k}={v}" for k, v in run.get("env", {}).items()), *argv])  # the command line, as typed
     row = {"config": run["name"], "repeat": repeat, "log": str(log.relative_to(out)), "command": shown}
     env = {**os.environ, "PYTHONUNBUFFERED": "1", **run.get("env", {})}
+    row["started"] = "forked" if forked(run, server) else "fresh"
+    if row["started"] == "forked":
+        argv, env = [python, str(REPO / "bench" / "zygote.py"), "--client", *argv[1:]], server.env(env)
+    launched = time.time()
     started = time.perf_counter()
     rc = None
     with open(log, "w") as f:
@@ -242,6 +286,7 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
                 end_run(process)
             rc = process.returncode if finished else None
     row["wall_s"] = time.perf_counter() - started
+    ended = time.time()
     text = log.read_text(errors="replace")
     if stop.signal is not None and rc is None:
         row.update(status="interrupted", reason=f"{stop.name}: killed; --resume runs it again")
@@ -264,6 +309,9 @@ def execute(run: dict, repeat: int, out: Path, python: str, gpus: int, stop: Sto
         if record.get("images_per_s") is None:
             row["reason"] = record.get("images_per_s_note") or "images/s not measured"
         row["epochs"] = json.dumps(record.get("epochs", []))
+        if record.get("train_started_unix") and record.get("train_stopped_unix"):
+            row["startup_s"] = record["train_started_unix"] - launched
+            row["after_s"] = ended - record["train_stopped_unix"]
     return row
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set-up shared by run_all.sh and tests/run.sh; each step runs only when its result is missing.
 #   1. Python packages: `pip install -r requirements.txt` unless torch, torchvision, pandas, matplotlib, tqdm,
-#      tabulate, NVIDIA DALI (on Linux x86_64, where its wheel exists) and, with --test, pytest and pytest-xdist
+#      tabulate, torchao, NVIDIA DALI (on Linux x86_64, where its wheel exists) and, with --test, pytest and pytest-xdist
 #      already import.
 #      Use the interpreter in $PYTHON (default python3), e.g. a venv.
 #   2. Fashion-MNIST: the Debian package dataset-fashion-mnist when apt-get is there (as root or through sudo);
@@ -14,7 +14,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON=${PYTHON:-python3}
-modules="torch,torchvision,pandas,matplotlib,tqdm,tabulate"
+modules="torch,torchvision,pandas,matplotlib,tqdm,tabulate,torchao"
 [ "${1:-}" = "--test" ] && modules="$modules,pytest,xdist"
 [ "$(uname -s)-$(uname -m)" = "Linux-x86_64" ] && modules="$modules,nvidia.dali"  # requirements.txt's marker
 

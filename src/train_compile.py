@@ -221,6 +221,7 @@ common.report(
     compiled_blocks=sum(r is not m for r, m in zip(compiled, model)) if args.compile_regions else None,  # new #
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
-if args.model in common.TEXT_MODELS and preemption.stopped_at is None:  # a language model shows what it learned
-    print(f"generated after a fixed prompt:\n{common.generate(model, device, context=args.seq_len)}", flush=True)
+if args.model in common.TEXT_MODELS and args.sample_chars and preemption.stopped_at is None:  # what the GPT learned
+    sample = common.generate(model, device, args.sample_chars, context=args.seq_len)
+    print(f"generated after a fixed prompt:\n{sample}", flush=True)
 preemption.exit()  # after SIGTERM: one line, exit 143 (after a failed checkpoint write: exit 1)

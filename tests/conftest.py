@@ -12,14 +12,15 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
+sys.path.insert(1, str(REPO / "bench"))
 
 import common  # noqa: E402
-import zygote  # noqa: E402  (tests/zygote.py: the standard library only, until its server starts)
+import zygote  # noqa: E402  (bench/zygote.py, the fork server: the standard library only, until a server starts)
 
 
 def run(*argv, timeout=600, env=None, **kwargs) -> subprocess.CompletedProcess:
     """Run `python argv...` from the repository root (in `env`, default this process's environment); return the
-    finished process with text stdout/stderr. A script (`argv[0]` a .py file) runs in a child of tests/zygote.py,
+    finished process with text stdout/stderr. A script (`argv[0]` a .py file) runs in a child of bench/zygote.py,
     which has imported torch already (8 s of CPU a run saved on a slow 2-core host), unless the run needs a fresh
     interpreter (see zygote.py) or TESTS_NO_ZYGOTE is set."""
     env = {**(os.environ if env is None else env), "PYTHONUNBUFFERED": "1"}
@@ -50,13 +51,13 @@ TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 def torchrun_command(*argv, env=None) -> tuple[list[str], dict]:
     """The command `python -m torch.distributed.run argv...` (torchrun's flags, then the script and its flags) and its
     environment (default this process's): each worker runs the script in a child of this process's zygote (torchrun's
-    --no-python, with tests/zygote_python as the program), or in a fresh interpreter where the worker's environment
+    --no-python, with bench/zygote_python as the program), or in a fresh interpreter where the worker's environment
     differs from the zygote's (zygote.py) or TESTS_NO_ZYGOTE is set."""
     argv, env = [str(a) for a in argv], dict(os.environ if env is None else env)
     if "TESTS_NO_ZYGOTE" in os.environ:
         return [*TORCHRUN, *argv], env
     at = next(i for i, a in enumerate(argv) if a.endswith(".py"))
-    python = str(REPO / "tests" / "zygote_python")
+    python = str(REPO / "bench" / "zygote_python")
     return [*TORCHRUN, *argv[:at], "--no-python", python, *argv[at:]], zygote_python_env(env)
 
 
@@ -71,34 +72,24 @@ def torchrun(*argv, env=None, timeout=600) -> subprocess.CompletedProcess:
 
 
 def zygote_python_env(env=None) -> dict:
-    """`env` (default this process's environment) for `bench/bench.py --python tests/zygote_python` or torchrun's
-    workers: their runs of scripts fork from this process's zygote."""
-    return {
-        **(os.environ if env is None else env),
-        "ZYGOTE_SOCKET": _zygote_socket(),
-        "ZYGOTE_REAL_PYTHON": sys.executable,
-        "ZYGOTE_FIXED": json.dumps({k: _ZYGOTE_ENV.get(k) for k in zygote.FIXED}),
-    }
+    """`env` (default this process's environment) for torchrun's workers run by `bench/zygote_python`: their runs of
+    scripts fork from this process's fork server."""
+    return _zygote().env(os.environ if env is None else env)
+
+
+def _zygote() -> "zygote.Server":
+    """This process's fork server (bench/zygote.py), started at the first call (it imports torch: seconds)."""
+    if _ZYGOTE.get("pid") != os.getpid() or not _ZYGOTE["server"].alive():  # none yet, or it was killed
+        import atexit
+
+        server = zygote.start(env=_ZYGOTE_ENV, cwd=str(REPO))
+        atexit.register(server.close)
+        _ZYGOTE.update(pid=os.getpid(), server=server)
+    return _ZYGOTE["server"]
 
 
 def _zygote_socket() -> str:
-    """The socket of this process's zygote, started at the first call (it imports torch: seconds)."""
-    if _ZYGOTE.get("pid") != os.getpid() or _ZYGOTE["server"].poll() is not None:  # none yet, or it was killed
-        import atexit
-        import shutil
-        import tempfile
-
-        folder = tempfile.mkdtemp(prefix="zygote-")
-        path = os.path.join(folder, "socket")
-        server = subprocess.Popen(
-            [sys.executable, str(REPO / "tests" / "zygote.py"), path], cwd=REPO, stdout=subprocess.PIPE, text=True,
-            env=_ZYGOTE_ENV,
-        )  # fmt: skip
-        assert server.stdout.readline().strip() == "ready", "tests/zygote.py did not start"
-        atexit.register(server.kill)
-        atexit.register(shutil.rmtree, folder, True)
-        _ZYGOTE.update(pid=os.getpid(), path=path, server=server, folder=folder)
-    return _ZYGOTE["path"]
+    return _zygote().path
 
 
 def _zygote_run(argv: list[str], env: dict, timeout: float) -> subprocess.CompletedProcess:

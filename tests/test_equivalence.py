@@ -303,6 +303,119 @@ def test_fast_matches_compile(ladder):
     assert fast["metrics"]["technique"] == "Everything stacked" and fast["metrics"]["compile_s"] > 0
 
 
+# -- The GPU-only rungs: TF32, float8, CUDA graphs -----------------------------------------------------------------
+
+
+def test_tf32_is_train_bit_for_bit_on_a_cpu_and_sets_tf32(ladder):
+    """train_tf32.py vs train.py on a CPU, the ladder's 16 steps. TF32 is a CUDA setting: a CPU's float32 matmuls and
+    convolutions do not change, so every weight, BatchNorm statistic and AdamW moment equals train.py's bit for bit
+    (tolerance none; on a CPU whose oneDNN could round float32 to bfloat16 or TF32, a setting that reached it would
+    show here), and the script says once why. That the settings took is read back from torch by the metrics'
+    `fp32_precision` (common.device.fp32_precision): "tf32" for CUDA's matmuls and convolutions, where train.py's
+    matmuls are "ieee". A misspelt attribute (Python adds it to the module without a word) or a setting left out
+    leaves torch's defaults there. On a GPU, `test_tf32_on_cuda_follows_train_within_tf32_rounding`."""
+    base, tf32 = ladder("train.py"), ladder("train_tf32.py")
+    assert_identical(weights(tf32), weights(base))
+    assert all(torch.equal(a, b) for a, b in zip(first_moments(tf32), first_moments(base), strict=True))
+    assert tf32["stdout"].count("TF32: tensor cores of compute capability 8.0+ only; on this cpu") == 1
+    assert tf32["metrics"]["fp32_precision"] == {"cuda.matmul": "tf32", "cudnn.conv": "tf32"}
+    assert base["metrics"]["fp32_precision"] == {"cuda.matmul": "ieee", "cudnn.conv": "tf32"}  # torch's defaults
+    assert tf32["metrics"]["precision"] == base["metrics"]["precision"] == "fp32"
+    assert tf32["metrics"]["technique"] == "TF32"
+
+
+# float8: which Linear layers become torchao's Float8Linear, read from the script's own line before it refuses a
+# machine without float8 tensor cores. GPT-2's shape and ViT-B/16: 12 blocks of q, k, v, out, fc1 and fc2 (72 layers,
+# every dimension a multiple of 16), and the head (84 characters / 10 classes), kept in bfloat16.
+FLOAT8 = [
+    ("gpt2", ["--seq-len", "128"], 72, 73),
+    ("vit", ["--dataset", "synthetic", "--image-size", "224"], 72, 73),
+    ("gpt", ["--seq-len", "64"], 24, 25),
+]
+
+
+@pytest.mark.parametrize("model,flags,converted,linears", FLOAT8, ids=[f[0] for f in FLOAT8])
+def test_float8_converts_each_blocks_linears_keeps_the_head_and_refuses_a_cpu(model, flags, converted, linears):
+    """train_float8.py on a CPU: it converts the model as it would on a GPU (torchao's convert_to_float8_training with
+    the script's filter), prints which layers it converted and which it kept, then stops in one line (exit 2): float8
+    matmuls need compute capability 8.9+. Compared: the count of converted Linear layers (every one of each block's
+    six) and the one kept (the head: float8 would round the logits' last projection, and 84 or 10 outputs are not a
+    multiple of 16 either). A filter that converted the head, or missed a block's layers, changes the line."""
+    proc = run("src/train_float8.py", *SAME, "--model", model, *flags, "--batch-size", "2", "--max-steps", "1",
+               "--subset", "4")  # fmt: skip
+    assert_one_line_error(proc, "float8 matmuls need an NVIDIA GPU of compute capability 8.9+", "cpu")
+    assert f"float8: {converted} of {linears} Linear layers; kept in bfloat16: head.fc\n" in proc.stdout
+
+
+def test_float8_refuses_float16_and_a_model_without_transformer_linears():
+    proc = run("src/train_float8.py", *SAME, "--amp-dtype", "float16")
+    assert proc.returncode == 2 and "--amp-dtype bfloat16" in proc.stderr and "Traceback" not in proc.stderr
+    proc = run("src/train_float8.py", *SAME, "--model", "cnn")
+    assert proc.returncode == 2 and "not --model cnn" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_cuda_graphs_refuse_a_cpu_and_the_compile_modes_that_capture_graphs_in_one_line():
+    """train_cuda_graphs.py on a CPU: one line, exit 2, nothing trained (a CUDA graph records kernels queued on a GPU;
+    train_fast.py is the CPU's nearest equivalent). torch.compile's reduce-overhead and max-autotune capture graphs
+    of their own, which cannot nest in this one: a usage error. On a GPU, `test_cuda_graph_replays_train_what_
+    train_fast_trains` compares the weights."""
+    proc = run("src/train_cuda_graphs.py", *SAME, "--max-steps", "1")
+    assert_one_line_error(proc, "CUDA graphs need an NVIDIA GPU", "train_fast.py")
+    assert "training" not in proc.stdout
+    for mode in ("reduce-overhead", "max-autotune"):
+        proc = run("src/train_cuda_graphs.py", *SAME, "--compile-mode", mode)
+        assert proc.returncode == 2 and "captures CUDA graphs of its own" in proc.stderr
+
+
+GPU_SAME = ["--device", "cuda", "--workers", "0", "--seed", "0", "--log-every", "1", "--deterministic"]
+
+
+@pytest.mark.gpu
+def test_tf32_on_cuda_follows_train_within_tf32_rounding(tmp_path):
+    """train_tf32.py vs train.py on a GPU of compute capability 8.0+: the small GPT, 20 steps of 16 x 64 tokens.
+    Compared: the loss at every step. Tolerance: 1e-3 relative at step 1 (the same weights; TF32 keeps 10 bits of
+    each product's inputs, 2^-11 relative per value, and the loss averages many) and 2 % after, where each step's
+    slightly different update carries on; and not equal (TF32 ran: a float32 GEMM of K = 128 and more rounds
+    differently). The labels say what ran: "fp32 (TF32 matmuls and convs)" against "fp32 (TF32 convs)"."""
+    flags = [*GPU_SAME, "--model", "gpt", "--batch-size", "16", "--max-steps", "20", "--sample-chars", "0"]
+    results = {}
+    for script in ("train.py", "train_tf32.py"):
+        proc = run(f"src/{script}", *flags, "--metrics-out", tmp_path / f"{script}.json")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        results[script] = (losses({"stdout": proc.stdout}), json.loads((tmp_path / f"{script}.json").read_text()))
+    (a, tf32), (b, fp32) = results["train_tf32.py"], results["train.py"]
+    parted = [abs(x - y) / y for x, y in zip(a, b, strict=True)]
+    assert len(a) == 20 and parted[0] < 1e-3 and max(parted) < 0.02 and a != b, parted
+    assert tf32["precision"] == "fp32 (TF32 matmuls and convs)" and fp32["precision"] == "fp32 (TF32 convs)"
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_train_what_train_fast_trains(tmp_path):
+    """train_cuda_graphs.py vs its base train_fast.py on a GPU, --deterministic: the small GPT in bfloat16, 12 steps
+    (3 eager ones on a side stream, the capture, 9 replays). Compared: every weight and AdamW moment after the 12
+    steps, and the loss at each step. Tolerance: 1e-5 relative: a replay runs the very kernels of the eager
+    compiled step on the same buffers, and the eager steps are the base's; what could differ is the order of atomic
+    adds in a backward reduction. What it catches: a replay whose gradients do not reach the optimizer (a
+    zero_grad(set_to_none=True) after the capture: the weights stop moving), a batch not copied into the graph's
+    buffers (every replay trains the captured batch), or a scaler or schedule frozen at the capture."""
+    flags = ["--model", "gpt", "--batch-size", "16", "--max-steps", "12", "--amp-dtype", "bfloat16",
+             "--sample-chars", "0", "--log-every", "1"]  # fmt: skip
+    env = {**os.environ, "CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    runs = {}
+    for script in ("train_fast.py", "train_cuda_graphs.py"):
+        out = tmp_path / script
+        argv = [f"src/{script}", *GPU_SAME, *flags, "--checkpoint-dir", out, "--metrics-out", out / "m.json"]
+        proc = run(*argv, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        runs[script] = {"state": torch.load(out / "last.pt", weights_only=True), "stdout": proc.stdout,
+                        "metrics": json.loads((out / "m.json").read_text())}  # fmt: skip
+    graphs, fast = runs["train_cuda_graphs.py"], runs["train_fast.py"]
+    assert relative_error(weights(graphs), weights(fast)) < 1e-5
+    assert relative_error(first_moments(graphs), first_moments(fast)) < 1e-5
+    assert losses(graphs) == pytest.approx(losses(fast), rel=1e-5) and len(losses(graphs)) == 12
+    assert graphs["metrics"]["graph_replays"] == 9
+
+
 # -- DistributedDataParallel and gradient accumulation ------------------------------------------------------------
 
 

@@ -68,6 +68,9 @@ CHAINS = {
     "train_channels_last.py": "train_amp.py",
     "train_compile.py": "train_channels_last.py",
     "train_fast.py": "train_compile.py",
+    "train_cuda_graphs.py": "train_fast.py",
+    "train_float8.py": "train_compile.py",
+    "train_tf32.py": "train.py",
     "train_model_parallel.py": "train.py",
     "train_pipeline.py": "train_model_parallel.py",
     "train_TP.py": "train.py",
@@ -98,8 +101,8 @@ def test_tree_shows_the_chains_and_the_readme_has_it():
     text = check_markers.tree()
     assert text.startswith("train.py\n") and text.endswith("loader.py\n└── loader_DALI.py")
     assert (
-        "├── train_amp.py\n│   └── train_channels_last.py\n│       └── train_compile.py\n│           └── train_fast.py"
-        in text
+        "├── train_amp.py\n│   └── train_channels_last.py\n│       └── train_compile.py\n│           ├── train_fast.py"
+        "\n│           │   └── train_cuda_graphs.py\n│           └── train_float8.py" in text
     )
     assert text in (REPO / "README.md").read_text()  # the README shows the same tree
     proc = run("bench/check_markers.py", "--tree")

@@ -6,7 +6,7 @@ import tomllib
 
 import pandas as pd
 import pytest
-from conftest import REPO, run, zygote_python_env
+from conftest import REPO, run
 from test_bench import PNGS, _is_png
 
 import common
@@ -15,8 +15,7 @@ import common
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
     out = tmp_path_factory.mktemp("smoke")
-    proc = run("bench/bench.py", "--profile", "smoke", "--out", out, "--python", REPO / "tests" / "zygote_python",
-               timeout=1200, env=zygote_python_env())  # its runs fork from the tests' zygote: no import each  # fmt: skip
+    proc = run("bench/bench.py", "--profile", "smoke", "--out", out, timeout=1200)  # its runs fork from its server
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out, pd.read_csv(out / "summary.csv"), proc
 

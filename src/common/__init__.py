@@ -20,7 +20,7 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     images      the loaders' ImageFolder: image_folders, load_rgb, find_non_image                   [errors]
     dali        loader.py's pipeline as one DALI graph (image_pipeline) and DALILoader, its batches [errors, images]
                 as a DataLoader's; require_dali (the lazy import: one line when not installed)
-    models      build_model (cnn, mlp, resnet18, resnet50, vit, gpt, gpt2), MODELS, TEXT_MODELS,
+    models      build_model (cnn, mlp, resnet18, resnet50, vit, gpt, gpt2, gpt-wide), MODELS, TEXT_MODELS,
                 vit_patch_size                                                                      [gpt, vit]
     vit         the ViT and the transformer block the GPT shares (causal or not)                    []
     gpt         the GPT (token + position embeddings, causal blocks, LM head), GPT_CONFIGS          [vit]

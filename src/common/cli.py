@@ -127,6 +127,13 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         help="evaluate on the first N of Fashion-MNIST's 10,000 test images (default: all): a throughput run that "
         "needs no accuracy spends its seconds training",
     )
+    p.add_argument(
+        "--sample-chars",
+        type=non_negative_int,
+        default=300,
+        help="--model gpt / gpt2: characters the trained model writes after a fixed prompt, at the end (0: none, as in "
+        "the bench's runs, whose tables do not read them)",
+    )
     _training_flags(p)
     p.add_argument(
         "--clip-grad-norm",

@@ -16,9 +16,28 @@ def get_device(choice: str = "auto") -> torch.device:
     return torch.device(choice)
 
 
+def fp32_precision() -> dict[str, str]:
+    """What torch's fp32_precision settings (torch 2.9+) make of a float32 matmul and convolution on CUDA: "tf32"
+    (tensor cores, inputs rounded to 10 mantissa bits) or "ieee" (full float32); a setting of "none" inherits its
+    parent's (`torch.backends.cudnn`, then `torch.backends`), and "none" all the way up is "ieee". torch's defaults:
+    matmuls "ieee", convolutions "tf32". Read from torch, so a script's typo (a new attribute on a module) shows."""
+
+    def effective(*settings: str) -> str:
+        return next((s for s in settings if s != "none"), "ieee")
+
+    root = torch.backends.fp32_precision
+    return {
+        "cuda.matmul": effective(torch.backends.cuda.matmul.fp32_precision, root),
+        "cudnn.conv": effective(torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.fp32_precision, root),
+    }
+
+
 def precision_label(device: torch.device) -> str:
     """How an fp32 model really computes: on a CUDA GPU with TF32 (compute capability 8.0 or newer: Ampere, Hopper),
-    cuDNN runs convolutions in TF32 unless that is switched off; older GPUs (V100, T4) have no TF32."""
-    if device.type == "cuda" and torch.backends.cudnn.allow_tf32 and torch.cuda.get_device_capability(device) >= (8, 0):
-        return "fp32 (TF32 convs)"
-    return "fp32"
+    what `fp32_precision` says runs in TF32 (by default the convolutions: "fp32 (TF32 convs)"; train_tf32.py adds the
+    matmuls); older GPUs (V100, T4) have no TF32, and a CPU none: "fp32"."""
+    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 0):
+        return "fp32"
+    settings = fp32_precision()
+    tf32 = [name for key, name in (("cuda.matmul", "matmuls"), ("cudnn.conv", "convs")) if settings[key] == "tf32"]
+    return f"fp32 (TF32 {' and '.join(tf32)})" if tf32 else "fp32"

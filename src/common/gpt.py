@@ -27,6 +27,9 @@ GPT_CONFIGS = {
     # GPT-2 small's shape (Radford et al. 2019: 12 layers of 12 heads, width 768, MLP 3072), for a GPU: 85 M parameters
     # with 84 characters (GPT-2's 124 M counts its 50,257-token embedding)
     "gpt2": {"width": 768, "depth": 12, "heads": 12, "mlp": 3072},
+    # a wider GPT for a GPU (4 blocks of 16 heads of 128, width 2048, MLP 8192: 201 M parameters): matrices large
+    # enough for float8 matmuls to pay (torchao's tables show float8 losing at GPT-2's width and gaining from Llama's)
+    "gpt-wide": {"width": 2048, "depth": 4, "heads": 16, "mlp": 8192},
 }
 
 

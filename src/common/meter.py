@@ -97,6 +97,7 @@ class Meter:
         self._wait = 0.0
         self.train_s = 0.0  # all training seconds between resume() and pause(), warm-up included
         self._t_train = None
+        self.started_unix = self.stopped_unix = None  # wall clock at the first resume() and the last pause()
         self._progress = (time.perf_counter(), 0, 0, 0)  # (time, steps, images, tokens) at the last progress() call
         self._all_images = 0
         self.activation_bytes = None  # measured on the first batch
@@ -227,11 +228,13 @@ class Meter:
         if self._t_train is not None:
             self.train_s += now - self._t_train
             self._t_train = None
+            self.stopped_unix = time.time()
 
     def resume(self) -> None:
         """Start the training clock and, once the warm-up steps are done, open a window (synchronising the device)."""
         if self._t_train is None:
             self._t_train = self._sync()
+            self.started_unix = self.started_unix or time.time()
             self._progress = (self._t_train, self.steps, self._all_images, self._all_tokens)
         if self.steps >= self.warmup_steps and self._t_start is None:
             self._t_start = self._t_last = self._sync()
@@ -250,7 +253,9 @@ class Meter:
         """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, step_ms_blocked and
         step_blocks_spread (`blocked`), data_wait_frac,
         measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB; None when no batch was trained),
-        flops_per_image (None when the run had one step, or no model) and peak memory (GiB, `memory_stats`)."""
+        flops_per_image (None when the run had one step, or no model), peak memory (GiB, `memory_stats`), and
+        train_started_unix / train_stopped_unix (the wall clock, s since the epoch, at the first `resume()` and the
+        last `pause()`: the bench splits a run's time outside training into start-up and what follows)."""
         self.pause()
         measured = len(self.step_s)
         quantiles = statistics.quantiles(self.step_s, n=10, method="inclusive") if measured >= 2 else [None] * 9
@@ -277,6 +282,8 @@ class Meter:
             "excluded_steps": self.excluded_steps,
             "first_step_s": self.first_step_s,
             "train_s": self.train_s,
+            "train_started_unix": self.started_unix,
+            "train_stopped_unix": self.stopped_unix,
             "activation_mib": self.activation_bytes / 2**20 if self.activation_bytes is not None else None,
             "flops_per_image": self._flops_per_sample() or None,
             **memory_stats(),

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .data import TEXT_VOCAB
+from .device import fp32_precision
 from .env import environment, in_process_group
 from .errors import die
 from .io import WriteFailed, atomic_write_text
@@ -127,6 +128,7 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     fields.setdefault("global_batch", args.batch_size * world_size)
     fields.setdefault("model", args.model)
     fields.setdefault("dataset", getattr(args, "dataset", None))
+    fields.setdefault("fp32_precision", fp32_precision())  # what a float32 matmul / convolution ran in on CUDA
     if hasattr(args, "without"):  # a script with ablation switches (cli.add_without): the changes left out
         fields.setdefault("without", args.without)
     reached = [e for e in epochs if args.target_acc and e["val_acc"] is not None and e["val_acc"] >= args.target_acc]

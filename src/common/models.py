@@ -7,8 +7,8 @@ import torch.nn as nn
 from .gpt import GPT, GPT_CONFIGS
 from .vit import ViT, vit_config
 
-MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit", "gpt", "gpt2"]
-TEXT_MODELS = ("gpt", "gpt2")  # trained on tokens (--dataset shakespeare), the others on images
+MODELS = ["cnn", "mlp", "resnet18", "resnet50", "vit", "gpt", "gpt2", "gpt-wide"]
+TEXT_MODELS = ("gpt", "gpt2", "gpt-wide")  # trained on tokens (--dataset shakespeare), the others on images
 # What each model trains well with, where the command line leaves --lr / --clip-grad-norm out (`cli.parse_args` fills
 # them in): the peak learning rate of the scripts' one-cycle schedule (AdamW, weight decay 5e-4) and the clip of the
 # gradients' global L2 norm (None: no clipping). The convolutional models and the MLP share 5e-3 (the small CNN reaches
@@ -32,6 +32,7 @@ DEFAULTS = {
     "vit": {"lr": 2e-3, "clip_grad_norm": 1.0},
     "gpt": {"lr": GPT_LR, "clip_grad_norm": 1.0, "batch_size": 16, "epochs": 1, "max_steps": 2800},
     "gpt2": {"lr": 6e-4, "clip_grad_norm": 1.0, "batch_size": 8, "epochs": 1},  # GPT-2 small's (nanoGPT's); not swept
+    "gpt-wide": {"lr": 3e-4, "clip_grad_norm": 1.0, "batch_size": 8, "epochs": 1},  # for speed rows; not swept
 }
 
 
@@ -96,9 +97,10 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
     Fashion-MNIST); its blocks are `model.blocks`; no dropout, so runs are deterministic for a seed. Raises
     ValueError when S is not a multiple of the patch side (`vit_patch_size`).
 
-    `gpt` and `gpt2` are decoder-only GPTs (common/gpt.py) for (N, T) int64 tokens -> (N, vocab, T) logits: here
-    `in_channels` is the vocabulary size and `image_size` the context T (what `input_shape` gives for text); `gpt`
-    has nanoGPT's laptop shape (0.8 M parameters), `gpt2` GPT-2 small's (85 M with 84 characters), GPT_CONFIGS.
+    `gpt`, `gpt2` and `gpt-wide` are decoder-only GPTs (common/gpt.py) for (N, T) int64 tokens -> (N, vocab, T)
+    logits: here `in_channels` is the vocabulary size and `image_size` the context T (what `input_shape` gives for
+    text); `gpt` has nanoGPT's laptop shape (0.8 M parameters), `gpt2` GPT-2 small's (85 M with 84 characters),
+    `gpt-wide` 4 blocks of width 2048 (201 M), GPT_CONFIGS.
     """
     if name == "cnn":
         return SmallCNN(in_channels, num_classes, image_size)

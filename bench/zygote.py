@@ -1,21 +1,32 @@
-"""A fork server for the tests' script runs: one Python that has imported torch, torch._dynamo and torchvision once,
-forking a fresh child for each `conftest.run` of a project script.
+"""The fork server: one Python that has imported torch, torch._dynamo and torchvision once, forking a fresh child for
+each run of a project script. bench/bench.py runs its single-process rows through it, and the tests their scripts.
 
-Why: on a slow 2-core host `import torch` costs 4.4 s of CPU and the first `torch.optim.AdamW(...)` 3.9 s more (its
-`__init__` is wrapped by `torch._disable_dynamo`, which imports torch._dynamo at its first call): 8 of the 9.5 s of a
-short training run, paid again by every one of the hundreds of runs the tests make. A child forked from this process
-has both already; everything else (the project's own modules, the data, the script) it loads itself, so a script runs
-as it would in a fresh interpreter: `python script.py args` in `cwd`, with `env`, stdout and stderr to files, and
-the interpreter's exit code (`SystemExit`'s code, 1 after an uncaught exception printed by `sys.excepthook`, -N when
+Why: `import torch` costs 1.5 s of CPU on an AVX512 EPYC core (4.4 s on a slow 2-core host) and the first
+`torch.optim.AdamW(...)` 1.3 s more (its `__init__` is wrapped by `torch._disable_dynamo`, which imports torch._dynamo
+at its first call): more than half of what a short bench run spends outside its training steps, paid again by every
+run. A child forked from this process has both already; everything else (the project's own modules, the data, the
+script) it loads itself, so a script runs as it would in a fresh interpreter: `python script.py args` in `cwd`, with
+`env`, stdout and stderr to the client's, its own session (so that its DataLoader workers go with it), and the
+interpreter's exit code (`SystemExit`'s code, 1 after an uncaught exception printed by `sys.excepthook`, -N when
 signal N killed it).
+
+A fork is clean only if the server is (`clean_fork_check`, run at start-up; the server refuses to serve otherwise):
+- one thread: a C++ object that owns a thread (a pool, a store's listener) is copied by fork() without its thread and
+  can abort when its destructor runs at exit. The server starts none; OpenBLAS's pool, which numpy starts at import,
+  is joined by OpenBLAS's own pthread_atfork handler before every fork. Checked: right after a test fork the server
+  has exactly one thread, so nothing but the forking thread existed at the fork.
+- CUDA not started: a CUDA context does not survive fork(), so CUDA must start in the child, never before the fork.
+  The server never touches CUDA (no torch.cuda call: even `is_available()` initialises the driver); checked with
+  torch's own flag, and on a machine with a GPU the bench makes a forked child start CUDA before it trusts the server.
 
 Protocol, one connection per run: the client sends one JSON line {argv, cwd, env} with its stdin, stdout and stderr
 as file descriptors (SCM_RIGHTS); this server forks a handler, which forks the child, sends back {"pid": child pid}
-and then {"status": exit code} when the child ends, or kills the child if the client goes away first.
-`conftest.run` falls back to a plain subprocess where a fork would not be the same as a fresh interpreter (PYTHONPATH
-or a thread-count variable other than this server's, `-m` / `-c`, a stdin). The server exits when its parent (the
-pytest worker) does. `python tests/zygote.py SOCKET`; `tests/zygote_python` is a `python` for bench.py's --python
-that runs scripts through it (`as_python`).
+and then {"status": exit code} when the child ends, or kills the child's process group if the client goes away
+first. Where a fork would not be the same as a fresh interpreter (PYTHONPATH or a thread-count variable other than
+this server's, `-m` / `-c`, a stdin), the caller runs a plain subprocess. The server exits when its parent does.
+
+    python bench/zygote.py SOCKET          # the server (bench.py and tests/conftest.py start it with `start`)
+    bench/zygote_python script.py args     # a `python` that runs script.py in a child of the server (`as_python`)
 """
 
 import atexit
@@ -28,7 +39,10 @@ import select
 import signal
 import socket
 import sys
+import subprocess
+import tempfile
 import threading
+import time
 
 # Read when the server imports torch (OpenMP reads its thread count once; the import path is set then): a run whose
 # environment sets one of these otherwise than the server's needs a fresh interpreter.
@@ -50,6 +64,7 @@ def script_child(request: dict, fds: list[int]) -> None:
     interpreter would (never returns)."""
     code = 1
     try:
+        os.setsid()  # a session and process group of its own: the handler can kill it with its DataLoader workers
         signal.signal(signal.SIGINT, signal.default_int_handler)  # the dispositions a fresh interpreter starts with
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -90,6 +105,16 @@ def script_child(request: dict, fds: list[int]) -> None:
         os._exit(code)
 
 
+def kill_group(pid: int) -> None:
+    """SIGKILL the child `pid` and its process group (its DataLoader workers); the child leads its group from its
+    first line on, and until then it is alone in the handler's group, which it then leaves."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def handle(connection: socket.socket) -> None:
     """In a forked handler: read the request and the client's 3 file descriptors, fork the script's child, report its
     pid, wait for it and report its status. A client that goes away first (killed) takes the child with it."""
@@ -110,7 +135,7 @@ def handle(connection: socket.socket) -> None:
     try:
         connection.sendall((json.dumps({"pid": pid}) + "\n").encode())
     except OSError:  # the client went away: so does its run
-        os.kill(pid, signal.SIGKILL)
+        kill_group(pid)
         os.waitpid(pid, 0)
         os._exit(0)
     while True:
@@ -119,7 +144,7 @@ def handle(connection: socket.socket) -> None:
             break
         readable, _, _ = select.select([connection], [], [], 0.1)
         if readable and not connection.recv(1):  # the client closed: killed, or it gave up (timeout)
-            os.kill(pid, signal.SIGKILL)
+            kill_group(pid)
             os.waitpid(pid, 0)
             os._exit(0)
     connection.sendall((json.dumps({"status": os.waitstatus_to_exitcode(status)}) + "\n").encode())
@@ -151,8 +176,8 @@ def client(
 
 
 def as_python(argv: list[str]) -> None:
-    """`tests/zygote_python argv...`: a `python` for bench.py's --python and for torchrun's workers (`torchrun
-    --no-python tests/zygote_python script.py ...`). `script.py args` runs in a child of the zygote whose socket
+    """`bench/zygote_python argv...`: a `python` for the bench's runs and for torchrun's workers in the tests
+    (`torchrun --no-python bench/zygote_python script.py ...`). `script.py args` runs in a child of the zygote whose socket
     ZYGOTE_SOCKET names (its environment in ZYGOTE_FIXED), on this process's stdin, stdout and stderr, and this
     process ends as the child did: its exit code, or killed by the same signal. SIGTERM, SIGINT, SIGHUP, SIGUSR1 and
     SIGUSR2 sent to this process go on to the child (a preempted worker stops as it would), and SIGKILL takes the
@@ -178,28 +203,118 @@ def as_python(argv: list[str]) -> None:
     sys.exit(status)
 
 
+def threads() -> int:
+    """The threads of this process (Linux: /proc/self/task)."""
+    return len(os.listdir("/proc/self/task"))
+
+
+def clean_fork_check() -> str | None:
+    """Why a fork of this process would not be clean, or None: fork a child that exits at once, then count this
+    process's threads (more than one: a thread that no pthread_atfork handler stopped was there at the fork, and the
+    child got a copy of its owner without it) and ask torch whether CUDA has started here (its lazy-init flag: a
+    CUDA context cannot be forked)."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    if threads() != 1:
+        return f"{threads()} threads at a fork (a thread that fork() does not copy: its owner would abort at exit)"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "CUDA was initialised before the fork (it must start in the child)"
+    return None
+
+
 def main() -> None:
-    import torch._dynamo  # noqa: F401  what torch.optim's first __init__ would import: 3.9 s
+    import argparse
+
+    parser = argparse.ArgumentParser(description="the fork server: imports torch once, forks a child per run")
+    parser.add_argument("socket", help="the Unix socket to listen on (its folder must exist)")
+    path = parser.parse_args().socket
+    started = time.perf_counter()
+    import torch._dynamo  # noqa: F401  what torch.optim's first __init__ would import: 1.3 s
     import torchvision  # noqa: F401
 
-    path, parent = sys.argv[1], os.getppid()
+    imported = time.perf_counter() - started
+    problem = clean_fork_check()
+    if problem:
+        print(f"unclean: {problem}", flush=True)
+        raise SystemExit(3)
+    parent = os.getppid()
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
     server.listen(8)
     server.settimeout(1.0)
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # handlers are reaped by the kernel
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a test's Ctrl-C to its process group is not for this server
-    print("ready", flush=True)
-    while os.getppid() == parent:  # the pytest worker that started it is gone: so is this server
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C to the caller's process group is not for this server
+    print(f"ready {imported:.2f}", flush=True)  # the seconds of imports each forked run is spared
+    while os.getppid() == parent:  # the process that started it is gone: so is this server
         try:
             connection, _ = server.accept()
         except TimeoutError:
             continue
         connection.settimeout(None)
+        torch = sys.modules["torch"]
+        if torch.cuda.is_initialized():  # never, unless something here changed: then no fork, the client fails
+            connection.close()
+            continue
         if os.fork() == 0:
             server.close()
             handle(connection)
         connection.close()
+
+
+class Server:
+    """A running fork server (`start`): `path` its socket, `import_s` the seconds of imports a forked run is spared,
+    `env(base)` the environment in which `bench/zygote_python` runs scripts through it, `close()` to stop it."""
+
+    def __init__(self, process: subprocess.Popen, folder: str, import_s: float, python: str, fixed: dict):
+        self.process, self.folder, self.import_s, self.python, self.fixed = process, folder, import_s, python, fixed
+        self.path = os.path.join(folder, "socket")
+
+    def env(self, base: dict | None = None) -> dict:
+        """`base` (default os.environ) plus what `as_python` needs to reach this server."""
+        return {
+            **(os.environ if base is None else base),
+            "ZYGOTE_SOCKET": self.path,
+            "ZYGOTE_REAL_PYTHON": self.python,
+            "ZYGOTE_FIXED": json.dumps(self.fixed),
+        }
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def close(self) -> None:
+        if self.alive():
+            self.process.kill()
+            self.process.wait()
+        import shutil
+
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Unclean(RuntimeError):
+    """The fork server did not start, or found that a fork of it would not be clean: run fresh interpreters."""
+
+
+def start(python: str = sys.executable, env: dict | None = None, cwd: str | None = None) -> Server:
+    """Start `python bench/zygote.py SOCKET` in `env` (default os.environ) and wait until it has imported torch and
+    passed `clean_fork_check`; raises Unclean with its reason otherwise. Its stderr is the caller's."""
+    env = dict(os.environ if env is None else env)
+    folder = tempfile.mkdtemp(prefix="zygote-")
+    process = subprocess.Popen(
+        [python, os.path.abspath(__file__), os.path.join(folder, "socket")], cwd=cwd, env=env,
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    line = process.stdout.readline().strip()
+    if not line.startswith("ready"):
+        process.kill()
+        process.wait()
+        import shutil
+
+        shutil.rmtree(folder, ignore_errors=True)
+        raise Unclean(line.removeprefix("unclean: ") or f"the server exited ({process.returncode})")
+    return Server(process, folder, float(line.split()[1]), python, {k: env.get(k) for k in FIXED})
 
 
 if __name__ == "__main__":
