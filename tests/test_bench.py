@@ -4,6 +4,7 @@ process, a signal at each moment of a run (before its child starts, while it sta
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -337,3 +338,119 @@ def test_a_row_preloading_a_missing_library_is_skipped_with_the_reason():
     run_ = {"name": "jemalloc", "env": {"LD_PRELOAD": "/nonexistent/libjemalloc.so.2"}}
     assert profiles.skip_reason(run_, 0) == "LD_PRELOAD names /nonexistent/libjemalloc.so.2, which this machine does not have"
     assert profiles.skip_reason({"name": "glibc", "env": {"OMP_NUM_THREADS": "1"}}, 0) is None
+
+
+# -- A run costs its steps: the fork server, the dry run, the lease ----------------------------------------------
+
+import estimate  # noqa: E402
+import zygote  # noqa: E402
+
+
+def test_the_fork_server_checks_that_a_fork_copies_no_thread():
+    """`zygote.clean_fork_check()`, which the server runs before it serves: None in a process whose only thread is
+    the one that forks; a reason once another thread runs (a C++ object that owns a thread would be copied into the
+    child without it, and could abort at exit). Shown in a bare interpreter (no numpy, so no OpenBLAS pool)."""
+    code = (
+        "import sys, threading, time; sys.path.insert(0, 'bench'); import zygote; print(zygote.clean_fork_check()); "
+        "threading.Thread(target=time.sleep, args=(5,), daemon=True).start(); print(zygote.clean_fork_check())"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    first, second = proc.stdout.splitlines()
+    assert first == "None" and second.startswith("2 threads at a fork"), proc.stdout + proc.stderr
+
+
+def test_a_run_forked_from_the_server_trains_what_a_fresh_interpreter_trains(tmp_path):
+    """train.py on 512 Fashion-MNIST images (8 steps, --deterministic, no workers) started by `bench/zygote.py
+    --client` from a server that imported torch (as the bench starts its runs) and in a fresh interpreter: the same
+    weights bit for bit, and the fork took the imports off the start-up (the server passed its clean-fork check)."""
+    flags = ["--device", "cpu", "--subset", "512", "--epochs", "1", "--batch-size", "64", "--workers", "0",
+             "--deterministic", "--log-every", "1000"]  # fmt: skip
+    server = zygote.start(cwd=str(REPO))
+    try:
+        forked = subprocess.run(
+            [sys.executable, "bench/zygote.py", "--client", "src/train.py", *flags, "--checkpoint-dir", tmp_path / "f"],
+            cwd=REPO, env=server.env(), capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    finally:
+        server.close()
+    fresh = subprocess.run([sys.executable, "src/train.py", *flags, "--checkpoint-dir", tmp_path / "n"], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert forked.returncode == fresh.returncode == 0, forked.stderr + fresh.stderr
+    import torch
+
+    a, b = (torch.load(tmp_path / d / "last.pt", weights_only=True)["model"] for d in ("f", "n"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert server.import_s > 0.3
+
+
+def test_a_pair_whose_one_row_cannot_fork_starts_both_fresh():
+    """runs.settle_fresh: a row whose environment changes what the server fixed (OMP_NUM_THREADS) or a torchrun row
+    starts fresh, and so does the row it is compared with (the two runs of a pair start the same way); a row in no
+    such comparison still forks, and a row the matrix marks `fresh` leaves its partner forked (the fork-server
+    profile compares the two ways on purpose)."""
+    import pairs
+
+    class Server:
+        fixed = {key: os.environ.get(key) for key in zygote.FIXED}
+
+    def row(name, **keys):
+        return {"name": name, "script": "src/train.py", "args": [name], "launcher": "python", **keys}
+
+    matrix = [
+        row("a"), row("b", env={"OMP_NUM_THREADS": "1"}, memory="m"), row("a2", memory="m"),
+        row("c"), row("d", launcher="torchrun", rung_base="c"),
+        row("e"), row("f", fresh=True, memory="n"), row("e2", memory="n"),
+    ]  # fmt: skip
+    marked = runs.settle_fresh(matrix, pairs.comparisons(matrix), Server())
+    assert sorted(marked) == ["a2", "c"]
+    assert [runs.forked(r, Server()) for r in matrix] == [True, False, False, False, False, True, False, True]
+
+
+def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_a_graph_once(tmp_path):
+    """bench/estimate.py on a folder of three recorded runs: train.py at batch 8 (0.1 s a step after a first step of
+    2 s) and train_compile.py twice (a first step of 30 s from a cold cache, 5 s from a warm one). Planned, with the
+    assumed 2 s outside training: train.py at batch 16 (0.2 s a step: 2 + 2 + 20 x 0.2 = 8 s), train_compile.py at
+    batch 8 twice (cold 30, then warm 5, each + 2 + 20 x 0.1), train_fast.py at batch 8 (no record of its own: the
+    same flags under train_compile.py, whose graph the plan compiled already, so warm: 9 s), and a model no folder ran,
+    from its row's estimate_s [7, 3]."""
+    folder = tmp_path / "gpu-x"
+    folder.mkdir()
+    recorded = [("a", "src/train.py", 2.0), ("c", "src/train_compile.py", 30.0), ("c", "src/train_compile.py", 5.0)]
+    pd.DataFrame(
+        [{"config": c, "status": "ok", "command": f"python {s} --model gpt2 --batch-size 8 --max-steps 11",
+          "steps": 11, "train_s": first + 10 * 0.1, "first_step_s": first, "wall_s": first + 9} for c, s, first in recorded]
+    ).to_csv(folder / "runs.csv", index=False)  # fmt: skip
+
+    def row(name, script, batch, **keys):
+        return {"name": name, "script": script, "args": ["--model", keys.pop("model", "gpt2"), "--batch-size", batch,
+                                                         "--max-steps", "21"], **keys}  # fmt: skip
+
+    rows = [row("t16", "src/train.py", "16"), row("c8", "src/train_compile.py", "8"),
+            row("f8", "src/train_fast.py", "8"), row("new", "src/train.py", "8", model="gpt-wide", estimate_s=[7, 3])]  # fmt: skip
+    import pairs
+
+    jobs = [pairs.Job(name, 0, i) for i, name in enumerate(("t16", "c8", "c8", "f8", "new", "new"))]
+    found, outside, note = estimate.estimate(jobs, {r["name"]: r for r in rows}, [folder])
+    assert outside == estimate.ASSUMED_OUTSIDE_S == 2.0 and "assumed" in note
+    assert [round(e.seconds, 6) for e in found] == [8.0, 34.0, 9.0, 9.0, 9.0, 5.0]
+    assert "batch 16" in found[0].source and found[3].source.startswith("as ") and "assumed" in found[4].source
+
+
+@pytest.mark.parametrize("profile", ["gpu", "gpu-more"], ids=["profile=gpu", "profile=gpu-more"])
+def test_a_gpu_profile_s_dry_run_fits_8_minutes_on_the_recorded_h200_costs(profile):
+    """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more, the next lease's): every planned run has an
+    estimate from the results/ GPU folders' recorded runs (or its row's stated estimate_s), the 3 interleaved rounds
+    are all there, and the total, the bench's own seconds included, is at most 8 minutes: what one call of a
+    15-minute lease leaves room for. A row added to the profile without a record or an estimate fails here."""
+    proc = run("bench/bench.py", "--profile", profile, "--dry-run", "--gpu-kind", "h200", timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    total = int(re.search(r"estimated: [\d.]+ minutes \((\d+) s:", proc.stdout).group(1))
+    assert "? s" not in proc.stdout and "not counted" not in proc.stdout
+    assert set(re.findall(r"round +(\d+)", proc.stdout)) == {"0", "1", "2"}
+    assert total <= 8 * 60, proc.stdout[-400:]
+
+
+def test_the_lease_on_a_machine_without_a_gpu_is_one_line(tmp_path):
+    proc = subprocess.run(["bash", "bench/lease.sh", "gpu"], cwd=REPO, env={**os.environ, "OUT": str(tmp_path)},
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 2 and proc.stderr.strip() == "lease: error: torch sees no CUDA GPU here"

@@ -312,14 +312,16 @@ def test_tf32_is_train_bit_for_bit_on_a_cpu_and_sets_tf32(ladder):
     (tolerance none; on a CPU whose oneDNN could round float32 to bfloat16 or TF32, a setting that reached it would
     show here), and the script says once why. That the settings took is read back from torch by the metrics'
     `fp32_precision` (common.device.fp32_precision): "tf32" for CUDA's matmuls and convolutions, where train.py's
-    matmuls are "ieee". A misspelt attribute (Python adds it to the module without a word) or a setting left out
-    leaves torch's defaults there. On a GPU, `test_tf32_on_cuda_follows_train_within_tf32_rounding`."""
+    matmuls are "ieee"; the CPU's oneDNN stays "ieee" in both (the older global
+    `torch.set_float32_matmul_precision("high")` would set it to "tf32" too: a lesson for CUDA that reaches the CPU).
+    On a GPU, `test_tf32_on_cuda_follows_train_within_tf32_rounding`."""
     base, tf32 = ladder("train.py"), ladder("train_tf32.py")
     assert_identical(weights(tf32), weights(base))
     assert all(torch.equal(a, b) for a, b in zip(first_moments(tf32), first_moments(base), strict=True))
     assert tf32["stdout"].count("TF32: tensor cores of compute capability 8.0+ only; on this cpu") == 1
-    assert tf32["metrics"]["fp32_precision"] == {"cuda.matmul": "tf32", "cudnn.conv": "tf32"}
-    assert base["metrics"]["fp32_precision"] == {"cuda.matmul": "ieee", "cudnn.conv": "tf32"}  # torch's defaults
+    settings = {"cudnn.conv": "tf32", "mkldnn.matmul": "ieee"}  # torch's defaults for these two, in both runs
+    assert tf32["metrics"]["fp32_precision"] == {"cuda.matmul": "tf32", **settings}
+    assert base["metrics"]["fp32_precision"] == {"cuda.matmul": "ieee", **settings}
     assert tf32["metrics"]["precision"] == base["metrics"]["precision"] == "fp32"
     assert tf32["metrics"]["technique"] == "TF32"
 

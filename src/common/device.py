@@ -17,10 +17,12 @@ def get_device(choice: str = "auto") -> torch.device:
 
 
 def fp32_precision() -> dict[str, str]:
-    """What torch's fp32_precision settings (torch 2.9+) make of a float32 matmul and convolution on CUDA: "tf32"
-    (tensor cores, inputs rounded to 10 mantissa bits) or "ieee" (full float32); a setting of "none" inherits its
-    parent's (`torch.backends.cudnn`, then `torch.backends`), and "none" all the way up is "ieee". torch's defaults:
-    matmuls "ieee", convolutions "tf32". Read from torch, so a script's typo (a new attribute on a module) shows."""
+    """What torch's fp32_precision settings (torch 2.9+) make of a float32 matmul and convolution on CUDA, and of a
+    float32 matmul in the CPU's oneDNN: "tf32" (inputs rounded to 10 mantissa bits), "bf16" (oneDNN only) or "ieee"
+    (full float32); a setting of "none" inherits its parent's (`torch.backends.cudnn` or `.mkldnn`, then
+    `torch.backends`), and "none" all the way up is "ieee". torch's defaults: CUDA matmuls "ieee", convolutions "tf32",
+    oneDNN "ieee". Read back from torch: the older global `torch.set_float32_matmul_precision("high")` sets CUDA's
+    matmuls and oneDNN's alike, and shows here."""
 
     def effective(*settings: str) -> str:
         return next((s for s in settings if s != "none"), "ieee")
@@ -29,6 +31,9 @@ def fp32_precision() -> dict[str, str]:
     return {
         "cuda.matmul": effective(torch.backends.cuda.matmul.fp32_precision, root),
         "cudnn.conv": effective(torch.backends.cudnn.conv.fp32_precision, torch.backends.cudnn.fp32_precision, root),
+        "mkldnn.matmul": effective(
+            torch.backends.mkldnn.matmul.fp32_precision, torch.backends.mkldnn.fp32_precision, root
+        ),
     }
 
 
