@@ -7,7 +7,8 @@ Static HTML with inline CSS: no server, no network, no JavaScript. index.html sh
 (each variant under the base it declares) and lists every (variant, base) pair with its technique and every speed-up
 and peak memory measured in the result folders (default: every folder under results/ with a summary.csv, newest
 first; per folder, the largest model first); one page per variant shows base and variant side by side, and one page
-per chain (chain-<last rung>.html, e.g. train.py -> train_fast.py) shows which rung introduced each marked line.
+per rung two or more down its chain (chain-<rung>.html, e.g. train.py -> train_fast.py) shows which rung introduced
+each marked line.
 The module docstring is each script's own text (what it shows, its run lines): shown in blue, never compared. The alignment
 is the marker checker's (bench/check_markers.py: its parser and its minimal diff of logical lines), so both see the
 same statements: unchanged statements face each other, changed ones sit in one row, and each line the variant marks
@@ -281,11 +282,10 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
             f'<tr><td><a href="{page_name(variant)}">{html.escape(variant.name)}</a></td>'
             f"<td>{html.escape(base.name)}</td><td>{html.escape(technique(variant))}</td><td>{effect}</td></tr>"
         )
-    has_variants = {declared_base(v) for _, v in pairs(src)}
     chains = []
     for _, variant in pairs(src):
         chain = chain_of(variant)
-        if variant.name not in has_variants and len(chain) >= 3:  # a chain's last rung, two or more rungs down
+        if len(chain) >= 3:  # a rung two or more down from its root: train.py -> ... -> train_fast.py, the ladder
             written.append(_write(out / chain_page_name(variant), page(chain[0], variant, [], chain)))
             chains.append(
                 f'<li><a href="{chain_page_name(variant)}">{html.escape(" → ".join(c.name for c in chain))}</a></li>'

@@ -183,9 +183,9 @@ def as_python(argv: list[str]) -> None:
     SIGUSR2 sent to this process go on to the child (a preempted worker stops as it would), and SIGKILL takes the
     child with it (the handler sees the connection close). Anything else (`-m torch.distributed.run ...`, another
     environment) replaces this process with the real interpreter (ZYGOTE_REAL_PYTHON)."""
-    env, real = dict(os.environ), os.environ["ZYGOTE_REAL_PYTHON"]
+    env, real = dict(os.environ), os.environ.get("ZYGOTE_REAL_PYTHON", sys.executable)
     fixed = json.loads(env.get("ZYGOTE_FIXED", "null"))
-    if not (argv and argv[0].endswith(".py") and fixed == {k: env.get(k) for k in FIXED}):
+    if not (argv and argv[0].endswith(".py") and fixed == {k: env.get(k) for k in FIXED} and "ZYGOTE_SOCKET" in env):
         os.execv(real, [real, *argv])
     child = {}
 

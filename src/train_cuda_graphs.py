@@ -236,7 +236,7 @@ def forward_backward(images: torch.Tensor, labels: torch.Tensor) -> tuple[torch.
     return logits, loss
 
 
-eager_steps, side = 3, torch.cuda.Stream()  # eager steps before the capture (torch's notes: 3), on a side stream
+eager_steps, warmup_stream = 3, torch.cuda.Stream()  # eager steps before the capture (torch's notes: 3), aside
 graph = static_images = static_labels = static_logits = static_loss = None
 replays = 0  # the steps the graph ran
 # new # end
@@ -264,10 +264,10 @@ for epoch in range(start_epoch, args.epochs):
             optimizer.zero_grad(set_to_none=True)
         # new # begin: eager steps on the side stream, then the capture, then a copy into the buffers and a replay
         if graph is None and not captured:  # compiles at the first call, autotunes, makes lazy state
-            side.wait_stream(torch.cuda.current_stream())  # the batch is ready on the side stream too
-            with torch.cuda.stream(side):
+            warmup_stream.wait_stream(torch.cuda.current_stream())  # the batch is ready on the side stream too
+            with torch.cuda.stream(warmup_stream):
                 logits, loss = forward_backward(images, labels)
-            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.current_stream().wait_stream(warmup_stream)
             eager_steps -= 1
         else:
             if captured:  # the graph records the kernels (runs none); .grad become its own output buffers

@@ -30,7 +30,7 @@ import common
 
 # new # begin: torchao's float8 training (requirements.txt); a missing package is one line, not a traceback
 try:
-    from torchao.float8 import convert_to_float8_training
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 except ImportError:
     common.die("train_float8.py needs torchao: pip install 'torchao>=0.18' (requirements.txt has it)")
 # new # end
@@ -142,7 +142,10 @@ def float8_ok(module: nn.Module, name: str) -> bool:
 
 
 linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-convert_to_float8_training(model, module_filter_fn=float8_ok)  # tensorwise dynamic scaling: torchao's default
+# tensorwise dynamic scaling (torchao's default recipe); pad_inner_dim: torch._scaled_mm wants every dimension a
+# multiple of 16, the batch's tokens too (a ViT's 197 a sample): zero-padded, which adds nothing, where they are not
+config = Float8LinearConfig(pad_inner_dim=True)
+convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)
 kept = [name for name, m in model.named_modules() if type(m) is nn.Linear]  # a Float8Linear is a subclass
 print(f"float8: {len(linears) - len(kept)} of {len(linears)} Linear layers; kept in bfloat16: {', '.join(kept)}")
 if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):  # float8 tensor cores: Ada, Hopper
@@ -228,7 +231,8 @@ for epoch in range(start_epoch, args.epochs):
             common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step, epochs, scaler=scaler)  # new #
         break
 
-    val_loss, val_acc = common.evaluate(model, test_loader, device)
+    with torch.autocast(device.type, dtype=amp_dtype):  # new # evaluated as it trains: float8 layers in bfloat16
+        val_loss, val_acc = common.evaluate(model, test_loader, device)
     epochs.append(
         common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
     )
