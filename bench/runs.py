@@ -209,11 +209,12 @@ def end_run(process: subprocess.Popen) -> None:
 def can_fork(run: dict, server) -> bool:
     """Whether `run` could start in a child of the fork server `server` (bench/zygote.py; None: no server): a
     single-process run (torchrun's workers start fresh) whose environment changes nothing the server fixed at its
-    start (a thread count, LD_PRELOAD: zygote.FIXED)."""
+    start (a thread count, LD_PRELOAD, torch's own variables: zygote.fixed_env)."""
     if server is None or run["launcher"] != "python":
         return False
-    env = {**os.environ, **run.get("env", {})}
-    return all(env.get(key) == value for key, value in server.fixed.items())
+    import zygote
+
+    return zygote.fixed_env({**os.environ, **run.get("env", {})}) == server.fixed
 
 
 def forked(run: dict, server) -> bool:

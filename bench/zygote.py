@@ -22,8 +22,9 @@ A fork is clean only if the server is (`clean_fork_check`, run at start-up; the 
 Protocol, one connection per run: the client sends one JSON line {argv, cwd, env} with its stdin, stdout and stderr
 as file descriptors (SCM_RIGHTS); this server forks a handler, which forks the child, sends back {"pid": child pid}
 and then {"status": exit code} when the child ends, or kills the child's process group if the client goes away
-first. Where a fork would not be the same as a fresh interpreter (PYTHONPATH or a thread-count variable other than
-this server's, `-m` / `-c`, a stdin), the caller runs a plain subprocess. The server exits when its parent does.
+first. Where a fork would not be the same as a fresh interpreter (an environment variable read at import other than
+this server's: PYTHONPATH, a thread count, TORCH_LOGS, TORCHINDUCTOR_*...: `fixed_env`; `-m` / `-c`; a stdin), the
+caller runs a plain subprocess. The server exits when its parent does.
 
     python bench/zygote.py SOCKET          # the server (bench.py and tests/conftest.py start it with `start`)
     bench/zygote_python script.py args     # a `python` that runs script.py in a child of the server (`as_python`)
@@ -44,9 +45,20 @@ import tempfile
 import threading
 import time
 
-# Read when the server imports torch (OpenMP reads its thread count once; the import path is set then): a run whose
-# environment sets one of these otherwise than the server's needs a fresh interpreter.
+# Read when the server imports torch, not when a child runs: OpenMP's thread count, the import path, a preloaded
+# allocator, the visible GPUs, and torch's own variables (TORCH_LOGS, TORCHINDUCTOR_*, TORCH_COMPILE_*, PYTORCH_*:
+# their modules read them at import). A run whose environment sets one of these otherwise than the server's needs a
+# fresh interpreter.
 FIXED = ("PYTHONPATH", "PYTHONHOME", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES")
+FIXED_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "CUBLAS_", "CUDNN_")
+
+
+def fixed_env(env) -> dict:
+    """The part of environment `env` that a forked child cannot change: FIXED's names (None when unset) and every
+    variable whose name starts with one of FIXED_PREFIXES. Two environments with equal fixed_env fork alike."""
+    fixed = {key: env.get(key) for key in FIXED}
+    fixed.update({key: value for key, value in env.items() if key.startswith(FIXED_PREFIXES)})
+    return fixed
 
 
 def exit_code(code) -> int:
@@ -185,7 +197,7 @@ def as_python(argv: list[str]) -> None:
     environment) replaces this process with the real interpreter (ZYGOTE_REAL_PYTHON)."""
     env, real = dict(os.environ), os.environ.get("ZYGOTE_REAL_PYTHON", sys.executable)
     fixed = json.loads(env.get("ZYGOTE_FIXED", "null"))
-    if not (argv and argv[0].endswith(".py") and fixed == {k: env.get(k) for k in FIXED} and "ZYGOTE_SOCKET" in env):
+    if not (argv and argv[0].endswith(".py") and fixed == fixed_env(env) and "ZYGOTE_SOCKET" in env):
         os.execv(real, [real, *argv])
     child = {}
 
@@ -314,7 +326,7 @@ def start(python: str = sys.executable, env: dict | None = None, cwd: str | None
 
         shutil.rmtree(folder, ignore_errors=True)
         raise Unclean(line.removeprefix("unclean: ") or f"the server exited ({process.returncode})")
-    return Server(process, folder, float(line.split()[1]), python, {k: env.get(k) for k in FIXED})
+    return Server(process, folder, float(line.split()[1]), python, fixed_env(env))
 
 
 if __name__ == "__main__":

@@ -41,7 +41,7 @@ def _forkable(argv: list[str], env: dict) -> bool:
         "TESTS_NO_ZYGOTE" not in os.environ
         and bool(argv)
         and argv[0].endswith(".py")
-        and all(env.get(k) == _ZYGOTE_ENV.get(k) for k in zygote.FIXED)
+        and zygote.fixed_env(env) == zygote.fixed_env(_ZYGOTE_ENV)
     )
 
 

@@ -384,14 +384,15 @@ def test_a_run_forked_from_the_server_trains_what_a_fresh_interpreter_trains(tmp
 
 
 def test_a_pair_whose_one_row_cannot_fork_starts_both_fresh():
-    """runs.settle_fresh: a row whose environment changes what the server fixed (OMP_NUM_THREADS) or a torchrun row
+    """runs.settle_fresh: a row whose environment changes what the server fixed (OMP_NUM_THREADS, torch's own
+    variables) or a torchrun row
     starts fresh, and so does the row it is compared with (the two runs of a pair start the same way); a row in no
     such comparison still forks, and a row the matrix marks `fresh` leaves its partner forked (the fork-server
     profile compares the two ways on purpose)."""
     import pairs
 
     class Server:
-        fixed = {key: os.environ.get(key) for key in zygote.FIXED}
+        fixed = zygote.fixed_env(os.environ)
 
     def row(name, **keys):
         return {"name": name, "script": "src/train.py", "args": [name], "launcher": "python", **keys}
@@ -403,6 +404,10 @@ def test_a_pair_whose_one_row_cannot_fork_starts_both_fresh():
     ]  # fmt: skip
     marked = runs.settle_fresh(matrix, pairs.comparisons(matrix), Server())
     assert sorted(marked) == ["a2", "c"]
+    # torch reads its own variables at import, in the server: a row that sets one starts fresh (a forked child's
+    # TORCHINDUCTOR_FORCE_DISABLE_CACHES=1 would compile from the warm cache as if it were unset)
+    for variable in ("TORCHINDUCTOR_FORCE_DISABLE_CACHES", "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF"):
+        assert not runs.can_fork(row("g", env={variable: "1"}), Server()), variable
     assert [runs.forked(r, Server()) for r in matrix] == [True, False, False, False, False, True, False, True]
 
 
