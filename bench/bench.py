@@ -1,11 +1,12 @@
 """Benchmark runner: every configuration of a profile as a subprocess, repeated, then tables and plots.
 
     python bench/bench.py --profile smoke --out /tmp/smoke          # CPU, seconds per run (what the tests run)
-    python bench/bench.py --profile cpu --out results/cpu-2core     # 2 cores: 12 min 39 s with data preparation
+    python bench/bench.py --profile cpu --out results/cpu-2core     # 2 cores: minutes (docs/bench.md, Profiles)
     python bench/bench.py --profile auto                            # gpu when CUDA is present, else cpu
     python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: what is missing
     python bench/bench.py --profile cpu --out results/cpu-2core --only compile     # the configurations named so
     python bench/bench.py --profile cpu --out results/cpu-2core --tables-only      # tables again from runs.csv
+    python bench/bench.py --profile gpu --dry-run                   # its runs and their estimated seconds, none run
     python bench/bench.py --peak-table results/gpu-h100-2026-11-23-ladder        # peak.md of a result folder
 
 The matrix is data: bench/profiles.toml (or --matrix FILE). Each run gets a timeout, its own log in OUT/logs/ and
@@ -37,6 +38,10 @@ The runner's modules, beside this file (this file is the entry point and the flo
     tables.py    table.md, ladder.md, the memory / sweep / ablation / input-pipeline tables, peak.md
     plots.py     the PNGs: throughput, accuracy vs time, memory, data-wait, ladder, sweeps
     diff_pages.py  index.html and the side-by-side page of each technique against its base
+    zygote.py    the fork server single-process runs start from (torch imported once; the clean-fork check)
+    estimate.py  --dry-run: each planned run's seconds from the recorded runs of earlier result folders
+    overhead.py  (a command of its own) where runs' seconds go, folder against folder: steps, compile, the rest
+    lease.sh     (a command of its own) what a lent GPU machine runs: the gpu profile in one call, packed for the trip
 """
 
 from __future__ import annotations
