@@ -397,8 +397,9 @@ def test_a_pair_whose_one_row_cannot_fork_starts_both_fresh():
     def row(name, **keys):
         return {"name": name, "script": "src/train.py", "args": [name], "launcher": "python", **keys}
 
+    threads = str(int(os.environ.get("OMP_NUM_THREADS", "1")) + 1)  # a thread count the server did not start with
     matrix = [
-        row("a"), row("b", env={"OMP_NUM_THREADS": "1"}, memory="m"), row("a2", memory="m"),
+        row("a"), row("b", env={"OMP_NUM_THREADS": threads}, memory="m"), row("a2", memory="m"),
         row("c"), row("d", launcher="torchrun", rung_base="c"),
         row("e"), row("f", fresh=True, memory="n"), row("e2", memory="n"),
     ]  # fmt: skip
