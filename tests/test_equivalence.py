@@ -14,6 +14,8 @@ does not need more: one step already shows a wrong gradient, a few a wrong order
 import json
 import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -382,6 +384,31 @@ def test_cuda_graphs_refuse_a_cpu_and_the_compile_modes_that_capture_graphs_in_o
     for mode in ("reduce-overhead", "max-autotune"):
         proc = run("src/train_cuda_graphs.py", *SAME, "--compile-mode", mode)
         assert proc.returncode == 2 and "captures CUDA graphs of its own" in proc.stderr
+
+
+def test_what_the_cuda_graph_lesson_relies_on_the_scale_is_updated_in_place():
+    """train_cuda_graphs.py captures `scaler.scale(loss)`, which multiplies by the scaler's scale tensor as it sits in
+    memory; `scaler.update()` runs outside the graph, after each replay. That works only while update() writes the new
+    scale into the same tensor: pinned here on a CPU GradScaler, through an overflow that halves it."""
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    weight = torch.nn.Parameter(torch.ones(3))
+    optimizer = torch.optim.AdamW([weight])
+    scaler.scale((weight * float("inf")).sum()).backward()  # an overflow: the step is skipped, the scale halved
+    address = scaler._scale.data_ptr()
+    scaler.step(optimizer)
+    scaler.update()
+    assert scaler._scale.data_ptr() == address and scaler.get_scale() == 2.0**15
+
+
+def test_what_the_tf32_page_says_of_mixing_the_old_and_new_apis():
+    """docs/techniques/train_tf32.md: once the new fp32_precision API is used, torch's old global getter raises, which
+    is why common.device reads the new settings only. In a process of its own (the setting is global)."""
+    code = (
+        "import torch\ntorch.backends.cuda.matmul.fp32_precision = 'tf32'\n"
+        "try:\n    torch.get_float32_matmul_precision()\nexcept RuntimeError:\n    print('raised')\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "raised", proc.stdout + proc.stderr
 
 
 GPU_SAME = ["--device", "cuda", "--workers", "0", "--seed", "0", "--log-every", "1", "--deterministic"]
