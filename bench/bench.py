@@ -282,7 +282,7 @@ def fork_server(args: argparse.Namespace, gpus: int):
         with tempfile.NamedTemporaryFile("w", suffix=".py") as probe:
             probe.write(CUDA_AFTER_FORK)
             probe.flush()
-            launch = [args.python, str(REPO / "bench" / "zygote.py"), "--client", probe.name]  # as execute() starts a run
+            launch = [args.python, str(REPO / "bench" / "zygote.py"), "--client", probe.name]  # as execute() does
             done = subprocess.run(launch, env=server.env(), capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             server.close()
