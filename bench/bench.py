@@ -242,6 +242,9 @@ def dry_run(args: argparse.Namespace, profile: str, matrix: list[dict], rounds: 
     skipped = {run["name"] for run in matrix if skip_reason(run, max(gpus, int(needs_gpu)), bf16)}
     jobs, _ = pairs.plan(matrix, rounds, skipped)
     folders = args.costs or estimate.cost_folders(args.gpu_kind)
+    for folder in args.costs or []:  # a folder given by hand must hold recorded runs
+        if not (folder / "runs.csv").is_file() and not any(folder.rglob("*.json")):
+            fail(f"--costs {folder} holds no recorded runs (a result folder with runs.csv or metrics JSON files)")
     found, _, note = estimate.estimate(jobs, {run["name"]: run for run in matrix}, folders)
     print(estimate.dry_run_text(profile, found, note))
 
