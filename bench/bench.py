@@ -49,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -388,7 +389,14 @@ def main() -> None:
     if args.tables_only:
         return tables_again(out, matrix, profile)
 
+    # A compiling run starts torch.compile's pool of compile workers at its first compile (one per core, each its own
+    # Python), and a run whose graphs the cache already holds ends while they are still starting and waits for them:
+    # 8 to 12 s at the exit of each such run on the 16-core H200 lease of 2026-11-28 (runs.csv's after_s), 0.3 s
+    # without compiling. TORCH_WARM_POOL=0 (torch._dynamo's inductor backend reads it) starts the pool only when a
+    # graph must be compiled; the steps do not change. A value set by the caller wins; env.json records it.
+    os.environ.setdefault("TORCH_WARM_POOL", "0")
     env = bench_environment(args, profile, gpus, table)
+    env["TORCH_WARM_POOL"] = os.environ["TORCH_WARM_POOL"]
     print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
     common.io.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
     skipped = {run["name"]: reason for run in matrix if (reason := skip_reason(run, gpus, bf16))}

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The prepared GPU lease: what one call of the device tool runs on a bare GPU machine (torch, pandas and matplotlib
-# there; no package registry, no DALI), within the call's 10 minutes. docs/bench.md ("A GPU lease") gives the call.
+# there; no package registry, no DALI), within the call's 10 minutes. docs/bench.md ("A GPU lease") gives the call,
+# and what the first lease taught: one call is the whole lease (the machine goes back 30 s after it), and the tree
+# must be under 64 MiB (results/ out of the index for the call).
 #
 #   bash bench/lease.sh                       # profile gpu into results/gpu-<card>-<date>/, packed into $OUT
-#   bash bench/lease.sh gpu-more              # a later lease: the other rows (a folder of its own)
+#   bash bench/lease.sh gpu-more              # a later lease: float8, the small CNN's CUDA graphs (a folder of its own)
+#   bash bench/lease.sh gpu-rest              # and the one after: activation checkpointing, varlen, attention
 #   LEASE_S=540 bash bench/lease.sh gpu       # the seconds the bench may take before it is stopped (default 540)
 #
 # 1. Wheels carried in .whl/ (torchao) are installed into /tmp/site, without a registry, and put on PYTHONPATH.
@@ -24,15 +27,15 @@ out=${OUT:-/tmp/lease-out}
 mkdir -p "$out"
 PYTHON=${PYTHON:-python3}
 
-if compgen -G ".whl/*.whl" >/dev/null; then
-  "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
-    || echo "lease: the carried wheels did not install; the rows that need them fail in one line"
-fi
 card=$("$PYTHON" -c "import torch; print(torch.cuda.get_device_name(0).split()[1].lower())" 2>/dev/null) || {
   echo "lease: error: torch sees no CUDA GPU here" >&2
   exit 2
 }
+if compgen -G ".whl/*.whl" >/dev/null; then
+  PIP_ROOT_USER_ACTION=ignore "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH} \
+    || echo "lease: the carried wheels did not install; the rows that need them fail in one line"
+fi
 folder=${LEASE_FOLDER:-results/gpu-$card-$(date -u +%Y-%m-%d)$([ "$profile" = gpu ] || echo "-$profile")}
 export TORCHINDUCTOR_CACHE_DIR=$PWD/.cache/inductor
 nvidia-smi >"$out/nvidia-smi.txt" 2>&1 || true

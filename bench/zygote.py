@@ -310,13 +310,16 @@ class Unclean(RuntimeError):
 
 
 def start(python: str = sys.executable, env: dict | None = None, cwd: str | None = None) -> Server:
-    """Start `python bench/zygote.py SOCKET` in `env` (default os.environ) and wait until it has imported torch and
-    passed `clean_fork_check`; raises Unclean with its reason otherwise. Its stderr is the caller's."""
+    """Start `python bench/zygote.py SOCKET` in `env` (default os.environ), in a session of its own, and wait until
+    it has imported torch and passed `clean_fork_check`; raises Unclean with its reason otherwise. Its stderr is the
+    caller's; it exits when the caller does (or at `Server.close()`)."""
     env = dict(os.environ if env is None else env)
     folder = tempfile.mkdtemp(prefix="zygote-")
+    # A session of its own: a signal to the caller's process group (timeout's SIGTERM, a hang-up) is the caller's to
+    # handle; had it reached the handlers, a run in flight would lose the process that reports its end.
     process = subprocess.Popen(
         [python, os.path.abspath(__file__), os.path.join(folder, "socket")], cwd=cwd, env=env,
-        stdout=subprocess.PIPE, text=True,
+        stdout=subprocess.PIPE, text=True, start_new_session=True,
     )  # fmt: skip
     line = process.stdout.readline().strip()
     if not line.startswith("ready"):

@@ -205,6 +205,12 @@ grad_elements = sum(p.numel() for p in model.parameters() if p.requires_grad)
 element_bytes = {"allreduce": 4, "bf16": 2, "fp16": 2, "powersgd": 4}[args.comm_hook]
 rate = powersgd.compression_stats()[0] if powersgd is not None else 1  # 0: the run ended inside the warm-up
 allreduce_mib = grad_elements * element_bytes / rate / 2**20 if rate else None
+# PowerSGD's error feedback: per bucket, what this rank's gradient held that the step did not apply (what compression
+# left out, and this rank's difference from the average), added to its next gradient: a float32 copy of every
+# gradient, per rank. Without it (use_error_feedback=False) the dict stays empty and what compression drops is lost.
+residuals = list(powersgd.error_dict.values()) if powersgd is not None else []
+error_feedback_mib = sum(t.numel() * t.element_size() for t in residuals) / 2**20 if powersgd is not None else None
+error_feedback_norm = float(torch.linalg.vector_norm(torch.cat(residuals))) if residuals else None
 # new # end
 if master:  # new #
     common.report(
@@ -218,6 +224,8 @@ if master:  # new #
         test_images=test_images,  # new # summed over the ranks' shards
         comm_hook=args.comm_hook,  # new #
         allreduce_mib_per_step=allreduce_mib,  # new # per rank, after the warm-up
+        error_feedback_mib=error_feedback_mib,  # new # PowerSGD's residuals, per rank
+        error_feedback_norm=error_feedback_norm,  # new # rank 0's, L2 over every element
     )
 # new # (no sample text: every rank would print it; train.py shows what the GPT learned)
 dist.destroy_process_group()  # new # leave the group cleanly before exiting

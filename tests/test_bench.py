@@ -412,13 +412,14 @@ def test_a_pair_whose_one_row_cannot_fork_starts_both_fresh():
     assert [runs.forked(r, Server()) for r in matrix] == [True, False, False, False, False, True, False, True]
 
 
-def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_a_graph_once(tmp_path):
+def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_each_script_once(tmp_path):
     """bench/estimate.py on a folder of three recorded runs: train.py at batch 8 (0.1 s a step after a first step of
     2 s) and train_compile.py twice (a first step of 30 s from a cold cache, 5 s from a warm one). Planned, with the
     assumed 2 s outside training: train.py at batch 16 (0.2 s a step: 2 + 2 + 20 x 0.2 = 8 s), train_compile.py at
     batch 8 twice (cold 30, then warm 5, each + 2 + 20 x 0.1), train_fast.py at batch 8 (no record of its own: the
-    same flags under train_compile.py, whose graph the plan compiled already, so warm: 9 s), and a model no folder ran,
-    from its row's estimate_s [7, 3]."""
+    same flags under train_compile.py, and its own first compile, cold: 34 s; on the H200 lease of 2026-11-28
+    train_fast.py's ResNet-50 compiled 18 s after train_compile.py's 59, not a cache hit), and a model no folder
+    ran, from its row's estimate_s [7, 3]."""
     folder = tmp_path / "gpu-x"
     folder.mkdir()
     recorded = [("a", "src/train.py", 2.0), ("c", "src/train_compile.py", 30.0), ("c", "src/train_compile.py", 5.0)]
@@ -438,13 +439,13 @@ def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_a_graph_on
     jobs = [pairs.Job(name, 0, i) for i, name in enumerate(("t16", "c8", "c8", "f8", "new", "new"))]
     found, outside, note = estimate.estimate(jobs, {r["name"]: r for r in rows}, [folder])
     assert outside == estimate.ASSUMED_OUTSIDE_S == 2.0 and "assumed" in note
-    assert [round(e.seconds, 6) for e in found] == [8.0, 34.0, 9.0, 9.0, 9.0, 5.0]
+    assert [round(e.seconds, 6) for e in found] == [8.0, 34.0, 9.0, 34.0, 9.0, 5.0]
     assert "batch 16" in found[0].source and found[3].source.startswith("as ") and "assumed" in found[4].source
 
 
-@pytest.mark.parametrize("profile", ["gpu", "gpu-more"], ids=["profile=gpu", "profile=gpu-more"])
+@pytest.mark.parametrize("profile", ["gpu", "gpu-more", "gpu-rest"], ids=lambda p: f"profile={p}")
 def test_a_gpu_profile_s_dry_run_fits_8_minutes_on_the_recorded_h200_costs(profile):
-    """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more, the next lease's): every planned run has an
+    """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more and gpu-rest, the next leases'): every planned run has an
     estimate from the results/ GPU folders' recorded runs (or its row's stated estimate_s), the 3 interleaved rounds
     are all there, and the total, the bench's own seconds included, is at most 8 minutes: what one call of a
     15-minute lease leaves room for. A row added to the profile without a record or an estimate fails here."""
@@ -460,3 +461,34 @@ def test_the_lease_on_a_machine_without_a_gpu_is_one_line(tmp_path):
     proc = subprocess.run(["bash", "bench/lease.sh", "gpu"], cwd=REPO, env={**os.environ, "OUT": str(tmp_path)},
                           capture_output=True, text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 2 and proc.stderr.strip() == "lease: error: torch sees no CUDA GPU here"
+
+
+def test_a_sigterm_to_the_bench_s_process_group_ends_the_run_as_interrupted_not_failed(tmp_path):
+    """`timeout` (bench/lease.sh), a terminal's hang-up or `kill -- -PGID` signal the whole process group: the bench,
+    the client of the running run and, unless it has a session of its own, the fork server and the handler that
+    waits on the run's child. The server starts in its own session: the client passes SIGTERM on to the child, the
+    handler reports its death, and the run ends killed by SIGTERM (the bench's row: `interrupted`), not `failed` with
+    the client's JSONDecodeError (the handler gone before it answered: a GPU lease's last run, 2026-11-28)."""
+    script = tmp_path / "sleeper.py"
+    script.write_text("import time\nprint('running', flush=True)\ntime.sleep(60)\n")
+    driver = (
+        "import signal, subprocess, sys; sys.path.insert(0, 'bench'); import zygote\n"
+        "signal.signal(signal.SIGTERM, lambda *_: None)  # this driver stands for the bench: it outlives the signal\n"
+        "server = zygote.start(cwd='.')\n"
+        f"client = subprocess.Popen([sys.executable, 'bench/zygote.py', '--client', {str(script)!r}], env=server.env(),"
+        " stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)\n"
+        "print(client.stdout.readline().strip(), flush=True)\n"
+        "out, err = client.communicate(timeout=60)\n"
+        "print(client.returncode, repr(err[-300:]), server.alive(), flush=True)\n"
+        "server.close()\n"
+    )  # fmt: skip
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=REPO, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    try:
+        assert proc.stdout.readline().strip() == "running"
+        os.killpg(proc.pid, signal.SIGTERM)
+        last = proc.communicate(timeout=90)[0].strip()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert last.startswith(f"-{int(signal.SIGTERM)} ''") and last.endswith("True"), last

@@ -533,7 +533,8 @@ def test_comm_hooks_change_only_the_wire(tmp_path):
     - PowerSGD (rank 2) is approximate by design, and keeps what its approximation leaves out for the next step (error
       feedback): its first 10 steps are plain all-reduces (--powersgd-start-iter 10), so the first 11 losses (the
       11th is computed before its step's compressed all-reduce) are DDP's to the 4 decimals the progress line
-      prints; the 5 after them stay within 10 % of DDP's.
+      prints; the 5 after them stay within 10 % of DDP's; and its error feedback holds a float32 residual of every
+      gradient element per rank (its `error_dict`, reported as error_feedback_mib), not zero.
     And what each step all-reduces: half the float32 bytes in 16 bits; with PowerSGD, per weight matrix (n, m) the
     factors' (n + m) x rank elements where that is under half of n x m, else the matrix (powerSGD_hook's rule). The
     finished run, resumed, says so and exits 0; a warm-up PowerSGD cannot take is one line."""
@@ -562,6 +563,11 @@ def test_comm_hooks_change_only_the_wire(tmp_path):
     ratios = [a / b for a, b in zip(losses(low_rank), losses(ddp), strict=True)]
     print("PowerSGD's loss / DDP's, step by step:", [f"{r:.4f}" for r in ratios])
     assert ratios[:11] == [1.0] * 11 and all(abs(r - 1) < 0.10 for r in ratios[11:]) and ratios[11:] != [1.0] * 5
+    # The error feedback, checked where it lives (no loss bound tells it apart: without it the losses move about as
+    # much): after the compressed steps each rank keeps a float32 residual of every gradient element, not zero.
+    assert low_rank["metrics"]["error_feedback_mib"] == pytest.approx(float32_mib)
+    assert low_rank["metrics"]["error_feedback_norm"] > 0
+    assert same["metrics"]["error_feedback_mib"] is None  # no PowerSGD, no residual
     sent = 0
     for tensor in weights(ddp).values():
         n, m = tensor.size(0), tensor.numel() // tensor.size(0)
@@ -993,30 +999,38 @@ def test_pipeline_on_four_ranks(unsplit, tmp_path):
 
 
 def test_fsdp_tp_matches_train(unsplit, tmp_path):
-    """train_FSDP_TP.py on 4 gloo processes, a 2 x 2 (dp, tp) mesh: two data-parallel groups of 32 images a step,
-    each block split over a group's 2 tp ranks and sharded over the 2 groups, vs train.py on the same 8 batches of 64
-    (a group's 32 are every second image of train.py's batch), clipped to norm 1.0 over every shard. Compared: AdamW's
-    first moments (the full optimizer state in last.pt), every weight and the epoch's train and test loss (the train
-    loss averaged over the groups). Tolerance: as TP's test (1e-5 relative, 3e-4 for the moments): partial sums of
-    the row-wise layers and of the groups' gradients added in another order than train.py's. A tp pair fed different
-    batches, the groups fed the same one, or one group's loss reported are off by percents. Rank 0 holds half of its
-    tp slice of every parameter (FSDP's Shard(0): the first half of the rows when they do not split evenly)."""
-    flags = [*SPLIT, "--batch-size", "32", "--tp", "2", "--clip-grad-norm", "1.0"]  # the later --batch-size counts
-    two_d = train(tmp_path, "src/train_FSDP_TP.py", *flags, nproc=4)
+    """train_FSDP_TP.py on 8 gloo processes, a 2 x 4 (dp, tp) mesh: two data-parallel groups of 32 images a step,
+    each block split over a group's 4 tp ranks (the small ViT's 4 heads, one a rank) and sharded over the 2 groups,
+    vs train.py on the same 8 batches of 64 (a group's 32 are every second image of train.py's batch), clipped to
+    norm 1.0 over every shard. Compared: AdamW's first moments (the full optimizer state in last.pt), every weight and
+    the epoch's train and test loss (the train loss averaged over the groups). Tolerance: as TP's test (1e-5
+    relative, 3e-4 for the moments): partial sums of the row-wise layers and of the groups' gradients added in another
+    order than train.py's. A tp group fed different batches, the groups fed the same one, or one group's loss
+    reported are off by percents. The mesh is not square, so its two dimensions cannot stand in for each other: a
+    (tp, dp) mesh (4 groups of 32: a global batch of 128), the train loss averaged over tp ranks instead of groups,
+    or images/s counted per tp rank instead of per group each fail here (`python tests/mutations.py --only FSDP_TP`),
+    where a 2 x 2 mesh let all three pass. Rank 0 holds half of its tp slice of every parameter (FSDP's Shard(0): the
+    first half of the rows when they do not split evenly)."""
+    dp, tp = 2, 4
+    flags = [*SPLIT, "--batch-size", "32", "--tp", str(tp), "--clip-grad-norm", "1.0"]  # the later --batch-size counts
+    two_d = train(tmp_path, "src/train_FSDP_TP.py", *flags, nproc=dp * tp)
     unsplit = unsplit("1.0")
     assert_parity(two_d, unsplit, steps=8, moments=3e-4, weights=1e-5, loss=1e-5, val_loss=1e-5,
                   run_moments=full_first_moments, label="FSDP x TP")  # fmt: skip
     held, vit = 0, common.build_model("vit", 1, 28)  # rank 0's share: its tp slice (q, k, v, fc1 by rows; the out and
-    for name, p in vit.named_parameters():  # fc2 weights by columns), then the first half of the rows
+    for name, p in vit.named_parameters():  # fc2 weights by columns), then the first of dp shares of the rows
         rows, row = p.shape[0], p[0].numel()
         if re.search(r"attn\.[qkv]\.|mlp\.fc1\.", name):
-            rows //= 2
+            rows //= tp
         elif re.search(r"(attn\.out|mlp\.fc2)\.weight", name):
-            row //= 2
-        held += -(-rows // 2) * row
+            row //= tp
+        held += -(-rows // dp) * row
     metrics = two_d["metrics"]
     assert metrics["params_per_rank"] == held and metrics["params"] == sum(p.numel() for p in vit.parameters())
-    assert metrics["world_size"] == 4 and metrics["tp"] == 2 and metrics["global_batch"] == 64
+    assert metrics["world_size"] == dp * tp and metrics["tp"] == tp and metrics["global_batch"] == 64
+    # images/s: a group's tp ranks train on the same images, so the slowest rank's rate times the groups, not the ranks
+    assert len(metrics["images_per_s_per_rank"]) == dp * tp
+    assert metrics["images_per_s"] == pytest.approx(min(metrics["images_per_s_per_rank"]) * dp)
     assert_loads_into_train_py(two_d["checkpoint"])
 
 

@@ -94,6 +94,20 @@ def test_a_pair_far_from_its_siblings_or_with_a_scattered_run_is_disturbed_and_r
     assert "spread 60 %" in pairs.assess(scattered, plan)[1].disturbed  # its reference run (job 3) scattered
 
 
+def test_a_program_that_took_the_cores_during_2_of_a_configuration_s_3_runs_marks_both():
+    """The scatter rule judges a run against what its configuration's steps do undisturbed. Another program during 2
+    of a configuration's 3 runs makes their median a disturbed run's; the steady third still sets the usual spread
+    (at most twice its own), so both disturbed runs are found. A configuration whose steps scatter by nature (a
+    DataLoader's refills: 10 %, 35 %, 30 %) is not flagged, nor are one configuration's quiet runs for another's."""
+    config = {0: "A", 1: "A", 2: "A", 3: "B", 4: "B", 5: "B"}
+    rates = {j: 1000 for j in range(6)}
+    hog = pairs.scattered_runs(_runs(rates, spreads={0: 0.06, 1: 0.60, 2: 0.55}, config=config))
+    assert sorted(hog) == [1, 2] and "spread 60 %" in hog[1]
+    assert pairs.scattered_runs(_runs(rates, spreads={0: 0.10, 1: 0.35, 2: 0.30}, config=config)) == {}
+    assert sorted(pairs.scattered_runs(_runs(rates, spreads={0: 0.05, 1: 0.06, 2: 0.50}, config=config))) == [2]
+    assert pairs.scattered_runs(_runs(rates, spreads={0: 0.04, 3: 0.20, 4: 0.22, 5: 0.24}, config=config)) == {}
+
+
 def test_on_a_busy_machine_each_verdict_agrees_with_the_quiet_one_or_reads_disturbed():
     """The issue's busy-machine table, as pair ratios, against the quiet run's verdicts: every comparison that
     keeps a verdict after the disturbed pairs are left out agrees with the quiet run; the others read disturbed."""
