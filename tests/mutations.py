@@ -4,7 +4,7 @@ that should catch each one, run against that copy. A test catches its bug when i
 
     python tests/mutations.py                                  # every bug: about 25 minutes on 2 cores
     python tests/mutations.py --only accum --only DDP          # the bugs whose lesson or name contains a word
-    python tests/mutations.py --out results/mutations-DATE     # table.md, log.txt and env.json there
+    python tests/mutations.py --out results/mutations/DATE     # table.md, log.txt and env.json there
     python tests/mutations.py --list                           # the bugs and their tests, nothing run
 
 Each bug is an exact text replacement in one script (its `old` text must occur exactly once:

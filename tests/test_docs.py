@@ -359,3 +359,73 @@ def test_every_run_line_that_needs_a_gpu_says_so_and_names_folders_that_exist():
     assert unlabelled_gpu_lines([("x", "python bench/diff_pages.py --out d --results results/cpu-2core")])
     found = unlabelled_gpu_lines(all_commands())
     assert not found, "\n".join(found)
+
+
+# -- results/README.md, the index of the committed results --------------------------------------------------------
+
+
+def test_the_results_index_is_current_and_every_folder_opens_on_its_table_or_says_why_not():
+    """results/README.md is what `bench/results_index.py` writes now (from results/current.toml and the folders: a
+    folder added, archived or re-run without the index written again fails here); it names every folder git tracks
+    under results/, each current topic's folder first; each of them has a table.md, or a README.md that says why not;
+    and current.toml names only tracked folders, each once."""
+    proc = subprocess.run([sys.executable, "bench/results_index.py", "--check"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sys.path.insert(0, str(REPO / "bench"))
+    import results_index
+
+    index = (REPO / "results" / "README.md").read_text()
+    for name in results_index.tracked_folders():
+        assert f"[`{name}/`]({name}/" in index, f"results/README.md does not name {name}/"
+        folder = REPO / "results" / name
+        assert (folder / "table.md").is_file() or (folder / "README.md").is_file(), f"{name}/ has no table.md or README.md"
+    import tomllib
+
+    current = [t["folder"] for t in tomllib.loads((REPO / "results" / "current.toml").read_text())["topic"]]
+    assert len(current) == len(set(current)) and set(current) <= set(results_index.tracked_folders())
+    assert index.index("## Current") < min(index.index(f"[`{name}/`]") for name in current) < index.index("## Older")
+
+
+def test_no_committed_result_folder_carries_side_by_side_pages():
+    """The side-by-side pages (index.html, diff-*.html, chain-*.html) are the scripts of one commit, so a committed
+    folder does not repeat them (they were 726 files, 40 MB of results/'s 78): `python bench/diff_pages.py --out DIR
+    --results results/FOLDER` at the folder's commit writes them again; the bench writes them into a user's own
+    results/local/."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "results"], capture_output=True, text=True,
+                            check=True).stdout.splitlines()  # fmt: skip
+    pages = [f for f in listed if re.search(r"/(diff-[^/]*|chain-[^/]*|index)\.html$", f)]
+    assert not pages, pages[:5]
+
+
+def test_the_tracked_tree_fits_a_gpu_lease_with_room_to_carry():
+    """The device tool copies the tracked files and the carried paths, at most 64 MiB in all (../shared/device): the
+    tracked files stay under 48 MiB, leaving 16 for torchao's wheel, the corpus and a compile cache. The lease of
+    2026-11-28 was refused at first: results/ held 78 MB, half of it side-by-side pages."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    sizes = [(REPO / name).stat().st_size for name in listed.decode().split("\0") if name and (REPO / name).is_file()]
+    assert sum(sizes) < 48 * 2**20, f"the tracked files hold {sum(sizes) / 2**20:.1f} MiB"
+
+
+def test_each_technique_page_s_measured_block_is_the_current_folders_rows():
+    """Every technique page's "Measured now" block is what `bench/pages.py` writes now from the folders
+    results/current.toml names (a re-run folder, or a hand edit inside the block, fails here): every row of the
+    page's script, its rate and comparison as the folder's summary.csv holds them, with the folder's floor; and a
+    verdict is printed only as that floor allows (within a floor wider than ±15 %, "no verdict", as bench/pairs.py
+    judges now; without a floor, none)."""
+    proc = subprocess.run([sys.executable, "bench/pages.py", "--check"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    sys.path.insert(0, str(REPO / "bench"))
+    import pages
+
+    amp = (REPO / "docs" / "techniques" / "train_amp.md").read_text()
+    inside = amp[amp.index(pages.BEGIN) : amp.index(pages.END) + len(pages.END)]
+    assert "| CPU ladders (" in inside and "train_amp.py cnn, bf16" in inside
+    edited = amp.replace(inside, re.sub(r"(\d)\.(\d\d)×", lambda m: f"{m[1]}.{int(m[2]) + 1:02d}×", inside, count=1))
+    assert edited != amp and pages.with_block(edited, inside) == amp  # the check writes the folder's value back
+    assert pages.allowed("1.09× (0.97–1.20), no measurable difference over a", 0.262) == (
+        "1.09× (0.97–1.20), no verdict: noise floor ±26 % over a"
+    )
+    assert pages.allowed("1.30× (1.25–1.33), faster over a", 0.05) == "1.30× (1.25–1.33), faster over a"
+    assert pages.allowed("1.30× (1.25–1.33), faster over a", None) == "1.30× (1.25–1.33), no verdict (no noise floor) over a"

@@ -1,6 +1,6 @@
 """The mutation table's list (tests/mutations.py) follows the scripts: every bug still applies, names a real test, and
 every lesson has one. Running the table itself takes about 25 minutes, so it runs apart (`python tests/mutations.py`)
-and its committed output is in results/mutations-*/."""
+and its committed output is in results/mutations/*/."""
 
 import sys
 

@@ -1,0 +1,161 @@
+"""results/README.md, the index of the committed results: for each topic of results/current.toml its current folder,
+then every other folder with the pages that still cite it, then the mutation tables and the archive. Each line's
+machine, date, commit, noise floor and verdicts are read from the folder (env.json, table.md), never typed.
+
+    python bench/results_index.py            # write results/README.md
+    python bench/results_index.py --check    # exit 1 if results/README.md is not what this would write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+RESULTS = REPO / "results"
+PAGES = ["README.md", "docs/*.md", "docs/techniques/*.md"]
+MAIN_FILES = ("table.md", "README.md", "overhead.md", "cost.json")  # what a folder's link opens, the first it has
+HEADER = """# Results
+
+Written by `python bench/results_index.py` from [`current.toml`](current.toml) (which folder stands for each topic)
+and the folders themselves; do not edit. Every folder holds the logs, metrics and `env.json` of the runs its numbers
+come from. *Floor*: the noise floor, the largest spread of a row against a copy of itself (a comparison inside it is
+"no measurable difference"); *verdicts*: the comparisons of its `table.md` that were faster, slower, or within the
+floor. Your own runs go to `results/local/` (not committed).
+"""
+
+
+def tracked_folders() -> list[str]:
+    """The top-level folders of results/ that git tracks, archive/ and mutations/ apart (sorted)."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "results"], capture_output=True, text=True,
+                            check=True).stdout  # fmt: skip
+    names = {line.split("/")[1] for line in listed.splitlines() if line.count("/") >= 2}
+    return sorted(names - {"archive", "mutations", "local"})
+
+
+def main_file(folder: Path) -> str | None:
+    return next((name for name in MAIN_FILES if (folder / name).is_file()), None)
+
+
+def machine(env: dict) -> str:
+    """The hardware a folder ran on, from its env.json: the GPUs, else the CPU with its bf16 instructions."""
+    if env.get("gpus"):
+        gpus = env["gpus"]
+        return f"{len(gpus)} × {gpus[0]}"
+    if "cpu_flags" not in env:
+        return "– (its README says)"
+    flags = env["cpu_flags"] or []
+    isa = "AMX" if "amx_tile" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "AVX2 only"
+    return f"{env.get('cpu_count', '?')} cores, {env.get('cpu_model') or 'a CPU'} ({isa})"
+
+
+def date_of(folder: Path, env: dict) -> str:
+    found = re.search(r"20\d\d-\d\d-\d\d", folder.name)
+    return found.group(0) if found else (env.get("started") or "?")[:10]
+
+
+def floor_of(table: str) -> str:
+    found = re.search(r"Noise floor: (±[\d.]+ %|not measured)", table)
+    return found.group(1) if found else "–"
+
+
+def verdicts_of(table: str) -> str:
+    """Counts of the verdicts in a table.md's cells (each comparison's cell ends with its verdict)."""
+    counts = {word: len(re.findall(rf"\), {word}\b", table)) for word in ("faster", "slower")}
+    counts["no measurable difference"] = len(re.findall(r"\), no measurable difference", table))
+    shown = [f"{n} {word}" for word, n in counts.items() if n]
+    return ", ".join(shown) if shown else "no verdict"
+
+
+def citing_pages(name: str) -> list[str]:
+    pages = [p for pattern in PAGES for p in sorted(REPO.glob(pattern))]
+    return [str(p.relative_to(REPO)) for p in pages if f"results/{name}/" in p.read_text()]
+
+
+def row(name: str, topic: dict | None) -> str:
+    folder = RESULTS / name
+    env = {}
+    for record in ("env.json", "provenance.json"):  # provenance.json: tables of other folders' runs
+        try:
+            env = json.loads((folder / record).read_text())
+            break
+        except (OSError, ValueError):
+            continue
+    if "commit" in env and "git" not in env:
+        env = {"git": {"commit": env["commit"]}}
+    opens = main_file(folder)
+    table = (folder / "table.md").read_text() if (folder / "table.md").is_file() else ""
+    link = f"[`{name}/`]({name}/{opens})" if opens else f"`{name}/` (no table.md, README.md or summary file)"
+    commit = ((env.get("git") or {}).get("commit") or "?")[:10]
+    cells = [link, machine(env), date_of(folder, env), commit,
+             floor_of(table) if table else "no table (a probe)", verdicts_of(table) if table else "–"]  # fmt: skip
+    if topic is not None:
+        cells = [topic["name"], *cells, topic["what"]]
+    else:
+        cited = citing_pages(name)
+        cells.append(", ".join(f"`{p}`" for p in cited) if cited else "no page")
+    return "| " + " | ".join(cells) + " |"
+
+
+def mutation_rows() -> list[str]:
+    rows = []
+    for folder in sorted((RESULTS / "mutations").iterdir()) if (RESULTS / "mutations").is_dir() else []:
+        table = folder / "table.md"
+        if not table.is_file():
+            continue
+        found = re.search(r"Mutation table: (\d+) of (\d+) bugs caught", table.read_text())
+        caught = f"{found.group(1)} of {found.group(2)} caught" if found else "?"
+        rows.append(f"| [`mutations/{folder.name}/`](mutations/{folder.name}/table.md) | {caught} |")
+    return rows
+
+
+def render() -> str:
+    """The text of results/README.md. Raises SystemExit with one line if current.toml names a folder git does not
+    track, or names one twice."""
+    topics = tomllib.loads((RESULTS / "current.toml").read_text())["topic"]
+    folders = tracked_folders()
+    named = [t["folder"] for t in topics]
+    unknown = [n for n in named if n not in folders]
+    if unknown or len(set(named)) != len(named):
+        raise SystemExit(f"results_index.py: error: current.toml names {unknown or 'a folder twice'}: "
+                         "each topic one tracked folder of results/")  # fmt: skip
+    lines = [HEADER, "## Current: the folder each page should quote", "",
+             "| topic | folder | machine | date | scripts' commit | floor | verdicts | what |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [row(t["folder"], t) for t in topics]
+    others = [n for n in folders if n not in named]
+    lines += ["", "## Older folders", "",
+              "Superseded by a current folder, kept while a page still cites them (then archived).", "",
+              "| folder | machine | date | scripts' commit | floor | verdicts | cited by |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [row(n, None) for n in others]
+    lines += ["", "## Mutation tables", "",
+              "Each lesson's realistic bugs and the test that must catch each (`python tests/mutations.py`).", "",
+              "| table | bugs caught |", "|---|---|", *mutation_rows()]  # fmt: skip
+    lines += ["", "Archived folders, kept for their logs: [`archive/`](archive/README.md).", ""]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="write results/README.md, the index of the committed results")
+    parser.add_argument("--check", action="store_true", help="exit 1 if results/README.md is stale")
+    args = parser.parse_args()
+    text = render()
+    path = RESULTS / "README.md"
+    if args.check:
+        if not path.is_file() or path.read_text() != text:
+            print("results_index.py: results/README.md is stale: run python bench/results_index.py", file=sys.stderr)
+            raise SystemExit(1)
+        return
+    sys.path.insert(0, str(REPO / "src"))
+    import common
+
+    common.io.atomic_write_text(path, text)
+    print(f"results_index.py: wrote {path.relative_to(REPO)}")
+
+
+if __name__ == "__main__":
+    main()
