@@ -214,7 +214,9 @@ def estimate(jobs, by_name: dict[str, dict], folders: list[Path], outside_s: flo
     time outside training left out), marked as assumed.
 
     A compiling script's first step: the record's cold compile where no earlier run of the plan compiled the same
-    graph (`compile_group`), else its warm one; a record with one run only has no warm compile, which is then its cold
+    graph (`compile_group`), else its warm one; where no earlier run compiled its model at all, the slowest cold
+    compile recorded for that model (float8's apart: a record's first run may have found part of its graph in the
+    cache); a record with one run only has no warm compile, which is then its cold
     one times the warm / cold ratio of the compiled configuration recorded most often. Matched to an eager record, a
     compiling script adds the compile recorded for its model (cold or warm, the slowest); an eager script matched to a
     compiling record takes two steps for its first."""
@@ -232,6 +234,7 @@ def estimate(jobs, by_name: dict[str, dict], folders: list[Path], outside_s: flo
     compiled = {k: c for k, c in costs.items() if k[0] in COMPILING and c.first_cold_s > c.first_warm_s}
     warm_ratio = min((c.first_warm_s / c.first_cold_s for c in compiled.values()), default=1.0)
     compiled_before: set[tuple] = set()
+    models_compiled: set[str | None] = set()  # models whose graphs an earlier run of the plan compiled (the cache)
     assumed: set[str] = set()
     out = []
     for job in jobs:
@@ -258,11 +261,18 @@ def estimate(jobs, by_name: dict[str, dict], folders: list[Path], outside_s: flo
         step_s = cost.step_s * factor
         cold = compile_group(key) not in compiled_before
         compiles, record_compiles = key[0] in COMPILING, recorded_key[0] in COMPILING
+        model = _flag(key, "--model")
+        first_of_model = compiles and model not in models_compiled
         if compiles:
             compiled_before.add(compile_group(key))
+            models_compiled.add(model)
         if compiles and record_compiles:
             warm = cost.first_warm_s if cost.first_warm_s < cost.first_cold_s else cost.first_cold_s * warm_ratio
             first = cost.first_cold_s if cold else warm
+            if first_of_model:  # nothing of its model in the cache yet: its record may have found some there
+                float8 = key[0] == "train_float8.py"  # Float8Linear layers: another graph, compiled on its own
+                first = max([first] + [c.first_cold_s for k, c in costs.items() if k[0] in COMPILING
+                                       and _flag(k, "--model") == model and (k[0] == "train_float8.py") == float8])  # fmt: skip
         elif compiles:
             model = _flag(key, "--model")
             same_model = [c for k, c in costs.items() if k[0] in COMPILING and _flag(k, "--model") == model]

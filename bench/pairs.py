@@ -128,7 +128,7 @@ OUTLIER_MADS = 4.0  # a pair whose log ratio lies more than this many median abs
 OUTLIER_MIN = 0.15  # comparison's median, and more than 15 % from it, lies far from its siblings: re-run
 SCATTER_TIMES = 3.0  # a run whose blocks spread (step_blocks_spread) more than 3 times its configuration's median
 SCATTER_MIN = 0.25  # spread, and more than 25 %, was disturbed within its window: its pairs are re-run
-STEADIEST_TIMES = 2.0  # the usual spread: the configuration's median, at most twice its steadiest run's
+STEADIEST_TIMES = 2.0  # the usual spread: the configuration's median, at most twice its steadiest third's
 NOISY_FLOOR = 0.15  # a floor wider than +-15 %: within it "no verdict: noise floor ...", not "no difference"
 RERUN_SHARE = 8  # re-runs take at most one pair in 8 of the plan's (at least 2): a bounded cost
 
@@ -221,9 +221,10 @@ def run_speeds(runs, blocked: bool = True) -> dict[int, float]:
 def scattered_runs(runs) -> dict[int, str]:
     """The runs (job index -> why) whose steps scattered far beyond what their configuration's steps do undisturbed:
     a step_blocks_spread over SCATTER_TIMES x the configuration's usual spread and over SCATTER_MIN (another program
-    took the cores during part of the window). The usual spread is the median of the configuration's runs, but at
-    most STEADIEST_TIMES x its steadiest run's: where another program took 2 of a configuration's 3 runs, the median
-    is a disturbed run's, and the one steady run still says what the steps do alone."""
+    took the cores during part of the window). The usual spread is the median of the configuration's runs, but with
+    3 runs or more at most STEADIEST_TIMES x the steadiest third's (of 3 runs the steadiest; of 10 the third
+    steadiest): where another program took 2 of a configuration's 3 runs, the median is a disturbed run's, and the
+    steady run still says what the steps do alone. With 1 or 2 runs, the median."""
     import pandas as pd
 
     if "step_blocks_spread" not in runs or "job" not in runs:
@@ -232,7 +233,10 @@ def scattered_runs(runs) -> dict[int, str]:
     spreads = pd.to_numeric(ok.step_blocks_spread, errors="coerce")
     found = {}
     for config, group in spreads.groupby(ok.config):
-        usual = min(group.median(), STEADIEST_TIMES * group.min())
+        values = sorted(group.dropna())
+        usual = group.median()
+        if len(values) >= 3:  # most runs disturbed: the steady third still says what the steps do alone
+            usual = min(usual, STEADIEST_TIMES * values[len(values) // 3 - 1])
         for index, value in group.items():
             if pd.notna(value) and value > max(SCATTER_TIMES * usual, SCATTER_MIN):
                 found[int(ok.job[index])] = (

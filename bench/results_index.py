@@ -17,6 +17,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "bench"))
 RESULTS = REPO / "results"
 PAGES = ["README.md", "docs/*.md", "docs/techniques/*.md"]
 MAIN_FILES = ("table.md", "README.md", "overhead.md", "cost.json")  # what a folder's link opens, the first it has
@@ -25,8 +26,8 @@ HEADER = """# Results
 Written by `python bench/results_index.py` from [`current.toml`](current.toml) (which folder stands for each topic)
 and the folders themselves; do not edit. Every folder holds the logs, metrics and `env.json` of the runs its numbers
 come from. *Floor*: the noise floor, the largest spread of a row against a copy of itself (a comparison inside it is
-"no measurable difference"); *verdicts*: the comparisons of its `table.md` that were faster, slower, or within the
-floor. Your own runs go to `results/local/` (not committed).
+"no measurable difference"); *verdicts*: its comparisons (each row against its base, from its `summary.csv`) by
+verdict: faster, slower, within the floor, disturbed, or no verdict (too few pairs, no floor). Your own runs go to `results/local/` (not committed).
 """
 
 
@@ -64,12 +65,33 @@ def floor_of(table: str) -> str:
     return found.group(1) if found else "–"
 
 
-def verdicts_of(table: str) -> str:
-    """Counts of the verdicts in a table.md's cells (each comparison's cell ends with its verdict)."""
-    counts = {word: len(re.findall(rf"\), {word}\b", table)) for word in ("faster", "slower")}
-    counts["no measurable difference"] = len(re.findall(r"\), no measurable difference", table))
-    shown = [f"{n} {word}" for word, n in counts.items() if n]
-    return ", ".join(shown) if shown else "no verdict"
+COMPARISONS = ("speedup_rung", "of_whole", "of_ceiling", "x_memory", "x_sweep")  # summary.csv: one cell each
+
+
+def verdicts_of(folder: Path, floor: str) -> str:
+    """The folder's comparisons by verdict, from its summary.csv: each row's comparison with its base (a rung's,
+    an ablation's whole, a ceiling, a memory table's first row, a sweep's previous point) once; the self pair and
+    the products along a ladder are not comparisons of their own. Within a floor wider than bench/pairs.py's
+    NOISY_FLOOR, "no measurable difference" counts as no verdict (as the bench judges now; older folders said so)."""
+    from pairs import NOISY_FLOOR
+    import pandas as pd
+
+    try:
+        summary = pd.read_csv(folder / "summary.csv")
+    except (OSError, pd.errors.EmptyDataError):
+        return "–"
+    counts: dict[str, int] = {}
+    for r in summary.to_dict("records"):
+        for column in COMPARISONS:
+            verdict = r.get(column + "_verdict")
+            if isinstance(verdict, str) and verdict:
+                word = next((w for w in ("faster", "slower", "no measurable difference", "disturbed")
+                             if verdict.startswith(w)), "no verdict")  # fmt: skip
+                noisy = floor.startswith("±") and float(floor[1:].split()[0]) / 100 > NOISY_FLOOR
+                word = "no verdict" if word == "no measurable difference" and noisy else word
+                counts[word] = counts.get(word, 0) + 1
+    order = ("faster", "slower", "no measurable difference", "disturbed", "no verdict")
+    return ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "no comparison"
 
 
 def citing_pages(name: str) -> list[str]:
@@ -93,7 +115,7 @@ def row(name: str, topic: dict | None) -> str:
     link = f"[`{name}/`]({name}/{opens})" if opens else f"`{name}/` (no table.md, README.md or summary file)"
     commit = ((env.get("git") or {}).get("commit") or "?")[:10]
     cells = [link, machine(env), date_of(folder, env), commit,
-             floor_of(table) if table else "no table (a probe)", verdicts_of(table) if table else "–"]  # fmt: skip
+             floor_of(table) if table else "no table (a probe)", verdicts_of(folder, floor_of(table))]  # fmt: skip
     if topic is not None:
         cells = [topic["name"], *cells, topic["what"]]
     else:

@@ -131,6 +131,10 @@ def handle(connection: socket.socket) -> None:
     """In a forked handler: read the request and the client's 3 file descriptors, fork the script's child, report its
     pid, wait for it and report its status. A client that goes away first (killed) takes the child with it."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    quiet = os.open(os.devnull, os.O_WRONLY)  # the server's stdout and stderr are its caller's (a pipe into tee in a
+    os.dup2(quiet, 1)  # lease): a handler waiting on a run that outlives the caller must not hold that pipe open
+    os.dup2(quiet, 2)
+    os.close(quiet)
     data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
     while not data.endswith(b"\n"):
         more = connection.recv(1 << 20)
@@ -192,8 +196,9 @@ def as_python(argv: list[str]) -> None:
     (`torchrun --no-python bench/zygote_python script.py ...`). `script.py args` runs in a child of the zygote whose socket
     ZYGOTE_SOCKET names (its environment in ZYGOTE_FIXED), on this process's stdin, stdout and stderr, and this
     process ends as the child did: its exit code, or killed by the same signal. SIGTERM, SIGINT, SIGHUP, SIGUSR1 and
-    SIGUSR2 sent to this process go on to the child (a preempted worker stops as it would), and SIGKILL takes the
-    child with it (the handler sees the connection close). Anything else (`-m torch.distributed.run ...`, another
+    SIGUSR2 sent to this process go on to the child (a preempted worker stops as it would; one that comes before the
+    child's pid is read, as soon as it is), and SIGKILL takes the child with it (the handler sees the connection
+    close). Anything else (`-m torch.distributed.run ...`, another
     environment) replaces this process with the real interpreter (ZYGOTE_REAL_PYTHON)."""
     env, real = dict(os.environ), os.environ.get("ZYGOTE_REAL_PYTHON", sys.executable)
     fixed = json.loads(env.get("ZYGOTE_FIXED", "null"))
@@ -202,13 +207,25 @@ def as_python(argv: list[str]) -> None:
     child = {}
 
     def forward(signum, _):
-        if "pid" not in child:  # not started yet: die at once, the closed connection stops it
-            os._exit(128 + signum)
+        if "pid" not in child:  # its pid not read yet (the child may already run): passed on once it is
+            child["pending"] = signum
+            return
         os.kill(child["pid"], signum)
+
+    def started(pid):
+        child["pid"] = pid
+        if "pending" in child:
+            os.kill(pid, child["pending"])
 
     for number in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(number, forward)
-    status = client(argv, os.getcwd(), env, [0, 1, 2], env["ZYGOTE_SOCKET"], started=lambda pid: child.update(pid=pid))
+    try:
+        status = client(argv, os.getcwd(), env, [0, 1, 2], env["ZYGOTE_SOCKET"], started=started)
+    except (OSError, ValueError) as error:  # the server went away before it answered
+        if "pending" in child:  # a signal came first: end as it would have ended this process
+            signal.signal(child["pending"], signal.SIG_DFL)
+            os.kill(os.getpid(), child["pending"])
+        raise SystemExit(f"zygote: the fork server did not answer ({error})") from None
     if status < 0:  # killed by a signal: so is this process, for whoever waits on it (torchrun, the bench)
         signal.signal(-status, signal.SIG_DFL)
         os.kill(os.getpid(), -status)

@@ -208,9 +208,15 @@ allreduce_mib = grad_elements * element_bytes / rate / 2**20 if rate else None
 # PowerSGD's error feedback: per bucket, what this rank's gradient held that the step did not apply (what compression
 # left out, and this rank's difference from the average), added to its next gradient: a float32 copy of every
 # gradient, per rank. Without it (use_error_feedback=False) the dict stays empty and what compression drops is lost.
+# Summed over the ranks, each rank's difference from the average cancels: what is left is what compression dropped
+# from the averaged gradient at the last step (0 for the tensors sent whole, the biases).
 residuals = list(powersgd.error_dict.values()) if powersgd is not None else []
 error_feedback_mib = sum(t.numel() * t.element_size() for t in residuals) / 2**20 if powersgd is not None else None
-error_feedback_norm = float(torch.linalg.vector_norm(torch.cat(residuals))) if residuals else None
+error_feedback_norm = None
+if residuals:
+    dropped = torch.cat(residuals)
+    dist.all_reduce(dropped)
+    error_feedback_norm = float(torch.linalg.vector_norm(dropped / world_size))
 # new # end
 if master:  # new #
     common.report(
@@ -225,7 +231,7 @@ if master:  # new #
         comm_hook=args.comm_hook,  # new #
         allreduce_mib_per_step=allreduce_mib,  # new # per rank, after the warm-up
         error_feedback_mib=error_feedback_mib,  # new # PowerSGD's residuals, per rank
-        error_feedback_norm=error_feedback_norm,  # new # rank 0's, L2 over every element
+        error_feedback_norm=error_feedback_norm,  # new # L2 of what compression dropped, averaged over ranks
     )
 # new # (no sample text: every rank would print it; train.py shows what the GPT learned)
 dist.destroy_process_group()  # new # leave the group cleanly before exiting
