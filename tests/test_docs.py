@@ -259,11 +259,11 @@ def held(quoted: tuple[str, ...], kind: str, folders: list[str]) -> bool:
     return False
 
 
-def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
-    """(line, number, folders) of each ratio or rate a line quotes that the result folders it names do not hold.
-    A line's folders: those it names; a table row that names none takes those named in the paragraph just above its
-    table. Lines in ``` blocks, folders that do not exist and results/archive/ (cited nowhere) are left out."""
-    found, block, paragraph, table, fresh = [], False, [], None, True
+def line_folders(text: str):
+    """(line number, line, folders) of each line outside ``` blocks that names a result folder or sits in a table
+    whose caption does: a line's folders are those it names; a table row that names none takes those named in the
+    paragraph just above its table. Folders that do not exist and results/archive/ (cited nowhere) are left out."""
+    block, paragraph, table, fresh = False, [], None, True
     for n, line in enumerate(text.splitlines(), start=1):
         if line.lstrip().startswith("```"):
             block = not block
@@ -282,8 +282,15 @@ def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
             table = None
             paragraph, fresh = ([] if fresh else paragraph) + named, False
             folders = named
-        if not folders:
-            continue
+        if folders:
+            yield n, line, folders
+
+
+def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
+    """(line, number, folders) of each ratio or rate a line quotes that the result folders it names (`line_folders`)
+    do not hold."""
+    found = []
+    for n, line, folders in line_folders(text):
         for match in QUOTED.finditer(line):
             groups = match.groups()
             kind, quoted = ("ratio", groups[:3]) if groups[0] else ("rate", groups[3:])
@@ -291,6 +298,35 @@ def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
             if not held(quoted, kind, folders):
                 found.append((n, match.group(0), folders))
     return found
+
+
+def floor_pct(folder: str) -> float | None:
+    """A result folder's noise floor in percent (its table.md's header), None where it has none."""
+    table = RESULTS / folder / "table.md"
+    found = re.search(r"Noise floor: ±([\d.]+) %", table.read_text()) if table.is_file() else None
+    return float(found.group(1)) if found else None
+
+
+def verdicts_beyond_the_floor(text: str) -> list[tuple[int, list[str]]]:
+    """(line, folders) of each "no measurable difference" whose folders' floors are all wider than ±15 %, or not
+    measured: within such a floor the bench gives no verdict (bench/pairs.py NOISY_FLOOR), and a page may not."""
+    found = []
+    for n, line, folders in line_folders(text):
+        if "no measurable difference" in line:
+            floors = [floor_pct(f) for f in folders]
+            if not any(f is not None and f <= 15 for f in floors):
+                found.append((n, folders))
+    return found
+
+
+def test_no_page_prints_a_verdict_its_folder_s_floor_does_not_allow():
+    """"No measurable difference" on a page needs a folder whose noise floor is measured and at most ±15 %; within
+    a wider floor the bench prints "no verdict" (the README once printed it from attention-2026-11-25's ±26.2 %).
+    Shown to fail on that line."""
+    assert verdicts_beyond_the_floor("0.94× (0.91–1.07), no measurable difference ([t](results/attention-2026-11-25/table.md))")
+    assert not verdicts_beyond_the_floor("0.94×, no measurable difference ([t](results/cpu-2core-avx512bf16-2026-11-27/table.md))")
+    found = [f"{page.relative_to(REPO)}:{n}: {folders}" for page in PAGES for n, folders in verdicts_beyond_the_floor(page.read_text())]
+    assert not found, "\n".join(found)
 
 
 def test_every_ratio_and_rate_a_page_quotes_is_in_the_result_folder_it_names():
