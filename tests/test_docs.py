@@ -320,12 +320,20 @@ def verdicts_beyond_the_floor(text: str) -> list[tuple[int, list[str]]]:
 
 
 def test_no_page_prints_a_verdict_its_folder_s_floor_does_not_allow():
-    """"No measurable difference" on a page needs a folder whose noise floor is measured and at most ±15 %; within
+    """ "No measurable difference" on a page needs a folder whose noise floor is measured and at most ±15 %; within
     a wider floor the bench prints "no verdict" (the README once printed it from attention-2026-11-25's ±26.2 %).
     Shown to fail on that line."""
-    assert verdicts_beyond_the_floor("0.94× (0.91–1.07), no measurable difference ([t](results/attention-2026-11-25/table.md))")
-    assert not verdicts_beyond_the_floor("0.94×, no measurable difference ([t](results/cpu-2core-avx512bf16-2026-11-27/table.md))")
-    found = [f"{page.relative_to(REPO)}:{n}: {folders}" for page in PAGES for n, folders in verdicts_beyond_the_floor(page.read_text())]
+    assert verdicts_beyond_the_floor(
+        "0.94× (0.91–1.07), no measurable difference ([t](results/attention-2026-11-25/table.md))"
+    )
+    assert not verdicts_beyond_the_floor(
+        "0.94×, no measurable difference ([t](results/cpu-2core-avx512bf16-2026-11-27/table.md))"
+    )
+    found = [
+        f"{page.relative_to(REPO)}:{n}: {folders}"
+        for page in PAGES
+        for n, folders in verdicts_beyond_the_floor(page.read_text())
+    ]
     assert not found, "\n".join(found)
 
 
@@ -415,7 +423,9 @@ def test_the_results_index_is_current_and_every_folder_opens_on_its_table_or_say
     for name in results_index.tracked_folders():
         assert f"[`{name}/`]({name}/" in index, f"results/README.md does not name {name}/"
         folder = REPO / "results" / name
-        assert (folder / "table.md").is_file() or (folder / "README.md").is_file(), f"{name}/ has no table.md or README.md"
+        assert (folder / "table.md").is_file() or (folder / "README.md").is_file(), (
+            f"{name}/ has no table.md or README.md"
+        )
     import tomllib
 
     current = [t["folder"] for t in tomllib.loads((REPO / "results" / "current.toml").read_text())["topic"]]
@@ -464,4 +474,7 @@ def test_each_technique_page_s_measured_block_is_the_current_folders_rows():
         "1.09× (0.97–1.20), no verdict: noise floor ±26 % over a"
     )
     assert pages.allowed("1.30× (1.25–1.33), faster over a", 0.05) == "1.30× (1.25–1.33), faster over a"
-    assert pages.allowed("1.30× (1.25–1.33), faster over a", None) == "1.30× (1.25–1.33), no verdict (no noise floor) over a"
+    assert (
+        pages.allowed("1.30× (1.25–1.33), faster over a", None)
+        == "1.30× (1.25–1.33), no verdict (no noise floor) over a"
+    )
