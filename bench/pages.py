@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -27,6 +26,9 @@ sys.path.insert(0, str(REPO / "src"))
 
 from cells import ips_cell  # noqa: E402
 from pairs import NOISY_FLOOR  # noqa: E402
+from results_index import floor_pct, load_topics  # noqa: E402
+
+import common  # noqa: E402
 from tables import compared_cell  # noqa: E402
 
 BEGIN = "<!-- measured: written by bench/pages.py from results/current.toml's folders; do not edit -->"
@@ -35,12 +37,9 @@ PAGES = REPO / "docs" / "techniques"
 
 
 def floor_of(folder: Path) -> float | None:
-    """The folder's noise floor as a fraction (its table.md's header), None where it was not measured."""
-    try:
-        found = re.search(r"Noise floor: ±([\d.]+) %", (folder / "table.md").read_text())
-    except OSError:
-        return None
-    return float(found.group(1)) / 100 if found else None
+    """The folder's noise floor as a fraction (results_index.floor_pct), None where it was not measured."""
+    pct = floor_pct(folder)
+    return pct / 100 if pct is not None else None
 
 
 def allowed(cell: str, floor: float | None) -> str:
@@ -108,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="write each technique page's Measured now block")
     parser.add_argument("--check", action="store_true", help="exit 1 if a page's block is stale")
     args = parser.parse_args()
-    topics = tomllib.loads((REPO / "results" / "current.toml").read_text())["topic"]
+    topics = load_topics()
     stale = []
     for page in sorted(PAGES.glob("*.md")):
         script = page.stem + ".py"
@@ -119,7 +118,7 @@ def main() -> None:
         if new != text:
             stale.append(page.relative_to(REPO))
             if not args.check:
-                page.write_text(new)
+                common.io.atomic_write_text(page, new)  # Ctrl-C leaves the page whole, old or new
     if args.check and stale:
         print(f"pages.py: stale blocks in {', '.join(map(str, stale))}: run python bench/pages.py", file=sys.stderr)
         raise SystemExit(1)

@@ -31,6 +31,32 @@ verdict: faster, slower, within the floor, disturbed, or no verdict (too few pai
 """
 
 
+def load_topics() -> list[dict]:
+    """results/current.toml's topics, each with name, folder and what. Raises SystemExit with one line when the file
+    is missing, is not TOML, or a topic lacks one of them."""
+    path = RESULTS / "current.toml"
+    try:
+        topics = tomllib.loads(path.read_text())["topic"]
+        for topic in topics:
+            missing = [key for key in ("name", "folder", "what") if key not in topic]
+            if missing:
+                raise KeyError(f"a topic without {', '.join(missing)}")
+    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as error:
+        raise SystemExit(
+            f"{Path(sys.argv[0]).name}: error: {path}: {error!r} (want [[topic]] tables of name, folder, what)"
+        )
+    return topics
+
+
+def floor_pct(folder: Path) -> float | None:
+    """A result folder's noise floor in percent, from its table.md's header; None where it was not measured."""
+    try:
+        found = re.search(r"Noise floor: ±([\d.]+) %", (folder / "table.md").read_text())
+    except OSError:
+        return None
+    return float(found.group(1)) if found else None
+
+
 def tracked_folders() -> list[str]:
     """The top-level folders of results/ that git tracks, archive/ and mutations/ apart (sorted)."""
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "results"], capture_output=True, text=True,
@@ -60,9 +86,9 @@ def date_of(folder: Path, env: dict) -> str:
     return found.group(0) if found else (env.get("started") or "?")[:10]
 
 
-def floor_of(table: str) -> str:
-    found = re.search(r"Noise floor: (±[\d.]+ %|not measured)", table)
-    return found.group(1) if found else "–"
+def floor_of(folder: Path) -> str:
+    pct = floor_pct(folder)
+    return f"±{pct:.1f} %" if pct is not None else "not measured"
 
 
 COMPARISONS = ("speedup_rung", "of_whole", "of_ceiling", "x_memory", "x_sweep")  # summary.csv: one cell each
@@ -115,7 +141,7 @@ def row(name: str, topic: dict | None) -> str:
     link = f"[`{name}/`]({name}/{opens})" if opens else f"`{name}/` (no table.md, README.md or summary file)"
     commit = ((env.get("git") or {}).get("commit") or "?")[:10]
     cells = [link, machine(env), date_of(folder, env), commit,
-             floor_of(table) if table else "no table (a probe)", verdicts_of(folder, floor_of(table))]  # fmt: skip
+             floor_of(folder) if table else "no table (a probe)", verdicts_of(folder, floor_of(folder))]  # fmt: skip
     if topic is not None:
         cells = [topic["name"], *cells, topic["what"]]
     else:
@@ -139,7 +165,7 @@ def mutation_rows() -> list[str]:
 def render() -> str:
     """The text of results/README.md. Raises SystemExit with one line if current.toml names a folder git does not
     track, or names one twice."""
-    topics = tomllib.loads((RESULTS / "current.toml").read_text())["topic"]
+    topics = load_topics()
     folders = tracked_folders()
     named = [t["folder"] for t in topics]
     unknown = [n for n in named if n not in folders]

@@ -301,10 +301,11 @@ def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
 
 
 def floor_pct(folder: str) -> float | None:
-    """A result folder's noise floor in percent (its table.md's header), None where it has none."""
-    table = RESULTS / folder / "table.md"
-    found = re.search(r"Noise floor: ±([\d.]+) %", table.read_text()) if table.is_file() else None
-    return float(found.group(1)) if found else None
+    """A result folder's noise floor in percent (bench/results_index.py reads its table.md), None where it has none."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import results_index
+
+    return results_index.floor_pct(RESULTS / folder)
 
 
 def verdicts_beyond_the_floor(text: str) -> list[tuple[int, list[str]]]:
