@@ -95,7 +95,13 @@ def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, p
     self_pairs = [c for c in ratios if pairs.is_self_pair(c, matrix)]
     floor = pairs.noise_floor([r for c in self_pairs for r in ratios[c]])
     noise = {"floor": floor, "self_pairs": [(c.row, c.reference, ratios[c]) for c in self_pairs]}
-    summary = summarise(runs, matrix, ratios, floor, pairs.disturbed_counts(runs, plan))
+    target = pairs.pair_ratios(runs, plan, to_target=True)  # runs to a target: their times to it, in the same pairs
+    target_floor = pairs.noise_floor([r for c in target if pairs.is_self_pair(c, matrix) for r in target[c]])
+    if any(target.values()):
+        noise["target_floor"] = target_floor
+        noise["target_self_pairs"] = [(c.row, c.reference, target[c]) for c in target if pairs.is_self_pair(c, matrix)]
+    to_target = (target, target_floor, pairs.disturbed_counts(runs, plan, to_target=True))
+    summary = summarise(runs, matrix, ratios, floor, pairs.disturbed_counts(runs, plan), to_target)
     write_csv(summary, out / "summary.csv")
     write_csv(pairs.plan_table(plan, runs), out / "pairs.csv")  # the plan again, each pair's ratio beside it
     repeats = sorted({run["repeats"] for run in matrix})

@@ -149,7 +149,24 @@ def pair_cell(r: dict, column: str, inverse: bool = False) -> str:
 
 def noise_line(noise: dict | None) -> str:
     """The table header's line on the noise floor: what the self pairs (a configuration against a copy of itself)
-    measured, and what that makes a verdict."""
+    measured, and what that makes a verdict; where runs went to a target, a second line on their times' floor."""
+    line = _rate_noise_line(noise)
+    if noise and "target_floor" in noise:
+        ratios = "; ".join(
+            f"{row} against {ref}: " + (", ".join(f"{r:.3f}" for r in rs) or "no undisturbed pair")
+            for row, ref, rs in noise.get("target_self_pairs", [])
+        )
+        floor = noise["target_floor"]
+        line += "\n\n" + (
+            f"Time to the target: its noise floor ±{100 * floor:.1f} % ({ratios}); × sooner = the reference's seconds "
+            "over the row's, judged against it as the rates are."
+            if floor is not None
+            else f"Time to the target: no noise floor ({ratios or 'no self pair ran to the target'}): no verdict."
+        )
+    return line
+
+
+def _rate_noise_line(noise: dict | None) -> str:
     pairs = "; ".join(
         f"{row} against {reference}: " + (", ".join(f"{r:.3f}" for r in ratios) or "no undisturbed pair")
         for row, reference, ratios in (noise or {}).get("self_pairs", [])

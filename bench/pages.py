@@ -4,8 +4,11 @@ comparison (× its base, the pairs' min–max, the verdict) and the folder's noi
 them. The block sits between two markers; the rest of the page is written by hand and says which machine it speaks
 of. A page without the markers gets the block before its "## Same training" section (else "## Run", else at the end).
 
-    python bench/pages.py            # write the blocks
+    python bench/pages.py            # write the blocks, and the README's table
     python bench/pages.py --check    # exit 1 if a page's block is not what this would write (tests/test_docs.py)
+
+The README's "Every technique, measured" table is written the same way, between the same markers: which row of
+which current folder each of its cells quotes is bench/readme_table.toml's, the numbers are the folders'.
 
 A verdict is printed as the folder's floor allows it now (bench/pairs.py): "no measurable difference" from a floor
 wider than NOISY_FLOOR reads "no verdict: noise floor ±N %" (an older folder's summary may say otherwise).
@@ -14,8 +17,10 @@ wider than NOISY_FLOOR reads "no verdict: noise floor ±N %" (an older folder's 
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
+import tomllib
 from pathlib import Path
 
 import pandas as pd
@@ -24,9 +29,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "bench"))
 sys.path.insert(0, str(REPO / "src"))
 
-from cells import ips_cell  # noqa: E402
+from cells import fmt, ips_cell, pair_cell, peak_cells  # noqa: E402
 from pairs import NOISY_FLOOR  # noqa: E402
-from results_index import floor_pct, load_topics  # noqa: E402
+from results_index import floor_pct, load_topics, machine  # noqa: E402
 
 import common  # noqa: E402
 from tables import compared_cell  # noqa: E402
@@ -34,6 +39,9 @@ from tables import compared_cell  # noqa: E402
 BEGIN = "<!-- measured: written by bench/pages.py from results/current.toml's folders; do not edit -->"
 END = "<!-- /measured -->"
 PAGES = REPO / "docs" / "techniques"
+README = REPO / "README.md"
+README_TABLE = REPO / "bench" / "readme_table.toml"
+RATIO_COLUMNS = ("speedup_rung", "x_memory", "x_sweep", "of_whole")  # a row's own comparison, the first it has
 
 
 def floor_of(folder: Path) -> float | None:
@@ -103,6 +111,139 @@ def with_block(text: str, new: str) -> str:
     return text.rstrip("\n") + "\n\n" + new + "\n"
 
 
+class Folders:
+    """The current folders' summaries, floors and environments, read once, by topic name."""
+
+    def __init__(self, topics: list[dict]):
+        self.by_topic = {t["name"]: t["folder"] for t in topics}
+        self.summaries: dict[str, pd.DataFrame] = {}
+
+    def folder(self, topic: str) -> str:
+        if topic not in self.by_topic:
+            raise SystemExit(f"pages.py: error: {README_TABLE.name} names topic {topic!r}, not in results/current.toml")
+        return self.by_topic[topic]
+
+    def row(self, topic: str, config: str) -> dict:
+        """The summary.csv row `config` of the topic's current folder. Raises SystemExit (one line) when the folder
+        has no such row, so that a re-run folder that renamed a configuration stops the writing, not the reader."""
+        folder = self.folder(topic)
+        if folder not in self.summaries:
+            self.summaries[folder] = pd.read_csv(REPO / "results" / folder / "summary.csv")
+        rows = self.summaries[folder]
+        found = rows[(rows["config"] == config) & rows["same_as"].isna()]
+        if found.empty:
+            raise SystemExit(f"pages.py: error: results/{folder}/summary.csv has no row {config!r} ({topic})")
+        return found.iloc[0].to_dict()
+
+    def env(self, topic: str) -> dict:
+        return json.loads((REPO / "results" / self.folder(topic) / "env.json").read_text())
+
+
+def _against(cell: dict, folders: Folders, column: str) -> float | None:
+    return folders.row(cell["topic"], cell["against"])[column] if "against" in cell else None
+
+
+def cell_value(cell: dict, folders: Folders) -> str:
+    """One cell's number, as readme_table.toml's `show` asks (its header lists them), from the folder's summary.csv:
+    rates as the tables round them; ratios with their min–max and the verdict the folder's floor allows."""
+    r, show = folders.row(cell["topic"], cell["config"]), cell["show"]
+    if show == "rate":
+        tokens = r.get("tokens_per_sample")
+        if pd.notna(tokens) and tokens > 0:
+            return fmt(r["images_per_s"], ",.0f", tokens) + " tokens/s"
+        return fmt(r["images_per_s"], ",.1f") + " images/s"
+    if show in ("ratio", "x_train"):
+        column = "speedup" if show == "x_train" else next((c for c in RATIO_COLUMNS if pd.notna(r.get(c))), None)
+        if column is None:
+            raise SystemExit(f"pages.py: error: {cell['config']!r} ({cell['topic']}) was compared with nothing")
+        text = allowed(pair_cell(r, column), floor_of(REPO / "results" / folders.folder(cell["topic"])))
+        # "1.32× (1 pair), no verdict: 1 pair, 3 needed" says the count twice: once is enough in a table cell
+        return re.sub(
+            r" \((1 pair|[\d.]+–[\d.]+)\), no verdict: (\d+ pairs?), \d+ needed",
+            lambda m: f" ({m[1]}, no verdict)" if m[1] == "1 pair" else f" ({m[1]}; {m[2]}, no verdict)",
+            text,
+        )
+    if show == "peak":
+        return peak_cells(r, folders.env(cell["topic"]))["of peak"]
+    if show == "activations":
+        base = _against(cell, folders, "activation_mib")
+        return fmt(r["activation_mib"], ",.1f") + " MiB" + (f" against {fmt(base, ',.1f')}" if base else "")
+    if show == "peak_memory":
+        base = _against(cell, folders, "peak_mem_allocated_gib")
+        return fmt(r["peak_mem_allocated_gib"], ".2f") + " GiB" + (f" against {fmt(base, '.2f')}" if base else "")
+    if show == "params":
+        base = _against(cell, folders, "params")
+        mine = r["params_per_rank"] if pd.notna(r.get("params_per_rank")) else r["params"]
+        return fmt(mine, ",.0f") + " parameters per process" + (f" against {fmt(base, ',.0f')}" if base else "")
+    if show == "allreduce":
+        base = _against(cell, folders, "allreduce_mib_per_step")
+        return (
+            fmt(r["allreduce_mib_per_step"], ".2f")
+            + " MiB all-reduced a step"
+            + (f" against {fmt(base, '.2f')}" if base else "")
+        )
+    if show == "pad":
+        return "pad share " + fmt(r["pad_share"], ".1%")
+    if show == "bubble":
+        return f"idle {fmt(r['bubble_measured'], '.0%')} of a step (theory {fmt(r['bubble_theory'], '.0%')})"
+    raise SystemExit(f"pages.py: error: {README_TABLE.name}: unknown show {show!r}")
+
+
+def column_text(cells: list[dict], text: str, linked: set[str], folders: Folders) -> str:
+    """A column's cell: its cells joined by "; ", each run of cells from a topic not yet in `linked` (the defaults,
+    the row's earlier links; updated) followed by a link to its folder; then the words of `text`; "–" when neither."""
+    parts, i = [], 0
+    while i < len(cells):
+        topic, run = cells[i]["topic"], []
+        while i < len(cells) and cells[i]["topic"] == topic:
+            label = cells[i]["label"]
+            run.append((f"{label}: " if label else "") + cell_value(cells[i], folders))
+            i += 1
+        joined = "; ".join(run)
+        if topic not in linked:
+            linked.add(topic)
+            folder = folders.folder(topic)
+            joined += f" ([{topic}](results/{folder}/{'table.md' if (REPO / 'results' / folder / 'table.md').is_file() else 'README.md'}))"
+        parts.append(joined)
+    return "; ".join(parts + ([text] if text else [])) or "–"
+
+
+def readme_table(spec: dict, folders: Folders) -> str:
+    """The README's table and the paragraph above it naming the two default folders (machine, floor)."""
+    heads = []
+    for what, topic in (("CPU", spec["cpu_default"]), ("GPU", spec["gpu_default"])):
+        folder = folders.folder(topic)
+        floor = floor_pct(REPO / "results" / folder)
+        floor_text = f"noise floor ±{floor:.1f} %" if floor is not None else "no noise floor yet: no verdicts"
+        heads.append(
+            f"**{what}**: {machine(folders.env(topic))}, [`{folder}/`](results/{folder}/table.md), {floor_text}"
+        )
+    lines = [
+        "; ".join(heads) + "; other folders where a cell names them. × its base: the median of the interleaved pairs "
+        "(min–max, or 1 pair); memory: what the script keeps for backward, or holds, per process.",
+        "",
+        "| technique (its page) | on the CPU | on one GPU | memory |",
+        "|---|---|---|---|",
+    ]
+    for row in spec["row"]:
+        name = f"[`{row['script']}`](docs/techniques/{row['script'][:-3]}.md): {row['adds']}"
+        if "also" in row:
+            name += f"; [`{row['also']}`](docs/techniques/{row['also'][:-3]}.md): {row['also_adds']}"
+        linked = {spec["cpu_default"], spec["gpu_default"]}  # a topic's link once a row, none for the two defaults
+        cpu = column_text(row.get("cpu", []), row.get("cpu_text", ""), linked, folders)
+        gpu = column_text(row.get("gpu", []), row.get("gpu_text", ""), linked, folders)
+        memory = column_text(row.get("memory", []), row.get("memory_text", ""), linked, folders)
+        lines.append(f"| {name} | {cpu} | {gpu} | {memory} |")
+    return "\n".join([BEGIN, *lines, END])
+
+
+def load_readme_spec() -> dict:
+    try:
+        return tomllib.loads(README_TABLE.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as error:
+        raise SystemExit(f"pages.py: error: {README_TABLE}: {error}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description="write each technique page's Measured now block")
     parser.add_argument("--check", action="store_true", help="exit 1 if a page's block is stale")
@@ -119,6 +260,14 @@ def main() -> None:
             stale.append(page.relative_to(REPO))
             if not args.check:
                 common.io.atomic_write_text(page, new)  # Ctrl-C leaves the page whole, old or new
+    readme = README.read_text()
+    if BEGIN not in readme or END not in readme:
+        raise SystemExit(f"pages.py: error: README.md has no {BEGIN} ... {END} for its table")
+    new = with_block(readme, readme_table(load_readme_spec(), Folders(topics)))
+    if new != readme:
+        stale.append(README.relative_to(REPO))
+        if not args.check:
+            common.io.atomic_write_text(README, new)
     if args.check and stale:
         print(f"pages.py: stale blocks in {', '.join(map(str, stale))}: run python bench/pages.py", file=sys.stderr)
         raise SystemExit(1)

@@ -187,6 +187,22 @@ def is_self_pair(comparison: Comparison, matrix: list[dict]) -> bool:
     return bool(row and reference) and all(row.get(key) == reference.get(key) for key in same)
 
 
+def target_speeds(runs) -> dict[int, float]:
+    """1 / the training seconds to the target (`time_to_target_s`, compilation out) of each finished run that reached
+    one, by job index: a pair of them gives the reference's time to the target over the row's, "× sooner" (a run to
+    --target-loss or --target-acc; a run that never reached its target has none, and its pairs no ratio)."""
+    import pandas as pd
+
+    if "job" not in runs or "status" not in runs or "time_to_target_s" not in runs:
+        return {}
+    seconds = pd.to_numeric(runs["time_to_target_s"], errors="coerce")
+    return {
+        int(job): 1.0 / s
+        for job, status, s in zip(runs.job, runs.status, seconds, strict=True)
+        if status == "ok" and pd.notna(job) and pd.notna(s) and s > 0
+    }
+
+
 def run_speeds(runs, blocked: bool = True) -> dict[int, float]:
     """The rate of each finished, measured run of `runs` (runs.csv), by job index, that pairs compare: global batch x
     1000 / `step_ms_blocked` (images/s of the median block of steps, see common.meter.blocked), which seconds of
@@ -259,15 +275,18 @@ class Pair:
     disturbed: str
 
 
-def assess(runs, plan: list[tuple[Comparison, int, int, int]]) -> list[Pair]:
+def assess(runs, plan: list[tuple[Comparison, int, int, int]], to_target: bool = False) -> list[Pair]:
     """Every pair of `plan` with its ratio (`run_speeds`: the row's rate over its adjacent reference run's) and
     whether it is disturbed: one of its runs scattered (`scattered_runs`), or its ratio lies far from its siblings
     (the comparison's other undisturbed pairs): farther than OUTLIER_MADS median absolute deviations of the log
     ratios from their median and more than OUTLIER_MIN from it. The median and its deviation come from all of the
-    comparison's pairs, so with 3 pairs one far pair is found whatever side it is on."""
+    comparison's pairs, so with 3 pairs one far pair is found whatever side it is on. `to_target`: the pairs' ratios
+    of time to the target instead (`target_speeds`), judged the same way."""
     import math
 
     speed, scattered, window = run_speeds(runs), scattered_runs(runs), run_speeds(runs, blocked=False)
+    if to_target:
+        speed = window = target_speeds(runs)
     judged = []
     for c, r, a, b in plan:
         ratio = speed[a] / speed[b] if a in speed and b in speed else None
@@ -287,21 +306,26 @@ def assess(runs, plan: list[tuple[Comparison, int, int, int]]) -> list[Pair]:
     return [Pair(*p) for p in judged]
 
 
-def pair_ratios(runs, plan: list[tuple[Comparison, int, int, int]]) -> dict[Comparison, list[float]]:
-    """Each comparison's undisturbed pair ratios (`assess`), in plan order. A pair where either run failed or was not
-    measured, or that is disturbed, is left out (so a comparison may have fewer ratios than rounds, or none)."""
+def pair_ratios(
+    runs, plan: list[tuple[Comparison, int, int, int]], to_target: bool = False
+) -> dict[Comparison, list[float]]:
+    """Each comparison's undisturbed pair ratios (`assess`; `to_target`: of time to the target), in plan order. A pair
+    where either run failed or was not measured, or that is disturbed, is left out (so a comparison may have fewer
+    ratios than rounds, or none)."""
     ratios: dict[Comparison, list[float]] = {}
-    for p in assess(runs, plan):
+    for p in assess(runs, plan, to_target):
         found = ratios.setdefault(p.comparison, [])
         if p.ratio is not None and not p.disturbed:
             found.append(p.ratio)
     return ratios
 
 
-def disturbed_counts(runs, plan: list[tuple[Comparison, int, int, int]]) -> dict[Comparison, int]:
+def disturbed_counts(
+    runs, plan: list[tuple[Comparison, int, int, int]], to_target: bool = False
+) -> dict[Comparison, int]:
     """How many of each comparison's pairs `assess` left out as disturbed."""
     counts: dict[Comparison, int] = {}
-    for p in assess(runs, plan):
+    for p in assess(runs, plan, to_target):
         counts[p.comparison] = counts.get(p.comparison, 0) + bool(p.disturbed)
     return counts
 

@@ -74,6 +74,8 @@ RUN_FIELDS = [
     "bubble_theory",
     "test_acc",
     "time_to_target_s",
+    "steps_to_target",  # --target-loss: the step of the first probe at or below the target
+    "target_sample_gap",  # --target-loss: the probe's sample's loss - the whole held-out text's, at the end
     "train_s",
     "steps",
     "lr",

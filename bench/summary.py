@@ -27,10 +27,12 @@ def summarise(
     ratios: dict[Comparison, list[float]] | None = None,
     floor: float | None = None,
     disturbed: dict[Comparison, int] | None = None,
+    to_target: tuple[dict, float | None, dict] | None = None,
 ) -> pd.DataFrame:
     """One row per configuration, in matrix order: medians over its ok runs (min-max for images/s) and, from the
     interleaved pairs' undisturbed `ratios` (pairs.pair_ratios), each comparison's median ratio, spread and verdict
-    against the noise floor `floor`, and how many of its pairs were left out as `disturbed` (`add_comparisons`). No
+    against the noise floor `floor`, and how many of its pairs were left out as `disturbed` (`add_comparisons`);
+    `to_target`: (ratios, floor, disturbed) of the same pairs' times to the target, as `x_target` (`add_target`). No
     ratio comes from single runs at different times."""
     rows = []
     for run in matrix:
@@ -74,6 +76,7 @@ def summarise(
     if "images_per_s" not in summary:
         summary["images_per_s"] = None
     add_comparisons(summary, ratios or {}, floor, disturbed or {})
+    add_target(summary, *(to_target or ({}, None, {})))
     summary["limited_by"] = [
         limited_by(w, c)
         for w, c in zip(
@@ -151,6 +154,28 @@ def add_comparisons(
                 summary.loc[i, f"{column}_verdict"] = (
                     "disturbed" if "disturbed" in judged else verdict([product[1], product[2]], floor, pairs=fewest)
                 )
+
+
+def add_target(
+    summary: pd.DataFrame, ratios: dict[Comparison, list[float]], floor: float | None, disturbed: dict[Comparison, int]
+) -> None:
+    """`x_target` (and `_lo`, `_hi`, `_pairs`, `_disturbed`, `_verdict`): a row's time to the target against its
+    comparison's reference in the same interleaved pairs, the reference's seconds over the row's ("× sooner": above 1
+    the row gets there first), its verdict against `floor`, the self pairs' spread of the same measure. A row with
+    several comparisons takes the first of same_as, rung_base, ablation_of, ceiling, memory, sweep."""
+    for suffix in ("", "_lo", "_hi", "_pairs", "_disturbed", "_verdict"):
+        summary["x_target" + suffix] = None
+    index = {name: i for i, name in enumerate(summary.config)}
+    order = list(COLUMNS)
+    for comparison in sorted(ratios, key=lambda c: order.index(c.kind), reverse=True):  # the first kind wins
+        values, i = ratios[comparison], index.get(comparison.row)
+        s = spread(values)
+        if i is None or s is None:
+            continue
+        summary.loc[i, ["x_target", "x_target_lo", "x_target_hi"]] = s
+        summary.loc[i, "x_target_pairs"] = len(values)
+        summary.loc[i, "x_target_disturbed"] = disturbed.get(comparison, 0)
+        summary.loc[i, "x_target_verdict"] = verdict(values, floor, disturbed.get(comparison, 0))
 
 
 def limited_by(data_wait: float, of_ceiling: float | None = None) -> str:

@@ -123,6 +123,8 @@ def ladder_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                     else fmt(r.get("peak_mem_allocated_gib"), ".2f"),
                     "time to target (s)": fmt(r.get("time_to_target_s"), ".1f"),
                     "incl. compile (s)": fmt(r.get("time_to_target_incl_compile_s"), ".1f"),
+                    "steps to target": fmt(r.get("steps_to_target"), ".0f"),
+                    "× sooner to target": pair_cell(r, "x_target"),
                     "status": status_cell(r),
                 }
             )
@@ -342,10 +344,14 @@ def _training_table(summary: pd.DataFrame, env: dict) -> str:
                 "first step (s)": fmt(r.get("first_step_s"), ".1f"),
                 "time to target (s)": fmt(r.get("time_to_target_s"), ".1f"),
                 "incl. compile (s)": fmt(r.get("time_to_target_incl_compile_s"), ".1f"),
+                "steps to target": fmt(r.get("steps_to_target"), ".0f"),
+                "× sooner to target": pair_cell(r, "x_target"),
                 "status": status_cell(r),
             }
         )
-    return markdown(pd.DataFrame(rows)) + "\n"
+    table = pd.DataFrame(rows)
+    unused = [c for c in ("steps to target", "× sooner to target") if (table[c] == "–").all()]  # no run to a target
+    return markdown(table.drop(columns=unused)) + "\n"
 
 
 def peak_table(out: Path) -> str:

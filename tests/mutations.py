@@ -32,6 +32,7 @@ import common  # noqa: E402
 
 EQ = "tests/test_equivalence.py::"
 GPT = "tests/test_gpt.py::"
+MUON = "tests/test_muon.py::test_muon_takes_the_block_matrices_and_three_steps_match_muon_written_out"
 VARLEN = "test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
 MUTATIONS = [
@@ -290,6 +291,19 @@ MUTATIONS = [
     ("train_TP.py", "the GPT's heads read as all 4 on each rank's half of q, k, v: 4 heads of 16", "src/common/vit.py",
      "proj(x).view(n, t, -1, self.head_dim)", "proj(x).view(n, t, 4, -1)",
      GPT + "test_tensor_parallel_splits_the_causal_heads_and_trains_train_py_s_weights"),
+    ("train_muon.py", "every 2-D parameter to Muon: the embeddings and the head orthogonalized too", "src/train_muon.py",
+     "matrices = [p for block in model.blocks for p in block.parameters() if p.ndim == 2]",
+     "matrices = [p for p in model.parameters() if p.ndim == 2]", MUON),
+    ("train_muon.py", "the momentum dropped (momentum=0: the raw gradient orthogonalized)", "src/train_muon.py",
+     "momentum=0.95, nesterov=True", "momentum=0.0, nesterov=True", MUON),
+    ("train_muon.py", "Muon's momentum cycled by the one-cycle schedule (0.95 to 0.85 and back)", "src/train_muon.py",
+     ", cycle_momentum=False  # new # stays 0.95", "  # new # stays 0.95", MUON),
+    ("train_muon.py", "Muon's schedule peaking at AdamW's rate (--lr for both)", "src/train_muon.py",
+     "muon, max_lr=args.muon_lr,", "muon, max_lr=args.lr,", MUON),
+    ("train_muon.py", "the optimizers not stepped in the same step: Muon after the schedule's step", "src/train_muon.py",
+     "        muon.step()  # new # momentum, then its orthogonalized update, for the matrices\n        scheduler.step()\n"
+     "        muon_scheduler.step()  # new #",
+     "        scheduler.step()\n        muon_scheduler.step()  # new #\n        muon.step()  # new #", MUON),
 ]  # fmt: skip
 
 

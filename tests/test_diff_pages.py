@@ -17,7 +17,7 @@ sys.path.insert(0, str(REPO / "bench"))
 import check_markers  # noqa: E402
 import diff_pages  # noqa: E402
 
-RESULTS = [REPO / "results" / "cpu-2core-avx2-2026-11-25-a", REPO / "results" / "cpu-2core-avx2-2026-11-25-b"]
+RESULTS = [REPO / "results" / "cpu-2core-avx512bf16-2026-11-27"]  # the current CPU ladders (results/current.toml)
 
 
 class Page(html.parser.HTMLParser):

@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
@@ -261,8 +262,8 @@ def held(quoted: tuple[str, ...], kind: str, folders: list[str]) -> bool:
 
 def line_folders(text: str):
     """(line number, line, folders) of each line outside ``` blocks that names a result folder or sits in a table
-    whose caption does: a line's folders are those it names; a table row that names none takes those named in the
-    paragraph just above its table. Folders that do not exist and results/archive/ (cited nowhere) are left out."""
+    whose caption does: a line's folders are those it names; a table row's, those it names and those named in the
+    paragraph just above its table (its caption: the README's table names its two default folders there). Folders that do not exist and results/archive/ (cited nowhere) are left out."""
     block, paragraph, table, fresh = False, [], None, True
     for n, line in enumerate(text.splitlines(), start=1):
         if line.lstrip().startswith("```"):
@@ -273,7 +274,7 @@ def line_folders(text: str):
         named = [f for f in FOLDER.findall(line) if f != "archive" and (RESULTS / f).is_dir()]
         if line.lstrip().startswith("|"):
             table = paragraph if table is None else table
-            folders, fresh = named or table, True
+            folders, fresh = list(dict.fromkeys(named + table)), True
         elif not line.strip() or line.startswith("#"):
             table, fresh = None, True
             paragraph = [] if line.startswith("#") else paragraph
@@ -342,11 +343,11 @@ def test_every_ratio_and_rate_a_page_quotes_is_in_the_result_folder_it_names():
     """Each ratio (1.50×, its min–max) and rate (images/s, tokens/s) on a line that names a result folder, or in a
     table whose caption names one, is in that folder's table.md, ladder.md, summary.csv, pairs.csv, README.md...
     (thousands separators and rounding to the quoted decimals allowed). Shown to fail on a changed digit."""
-    folder = "cpu-2core-avx2-2026-11-25-gpt"
-    row = f"1,793.8 images/s, 1.50× (1.22–1.57), faster ([table](results/{folder}/table.md))"
+    folder = "cpu-2core-avx512bf16-2026-11-27"  # its train_channels_last.py cnn, float32 row
+    row = f"5,278.1 images/s, 1.39× (1.38–1.44), faster ([table](results/{folder}/table.md))"
     assert not unheld_numbers(row)
-    assert [q for _, q, _ in unheld_numbers(row.replace("1.22", "1.23"))] == ["1.50× (1.23–1.57)"]
-    assert [q for _, q, _ in unheld_numbers(row.replace("1,793.8", "1,793.9"))] == ["1,793.9 images/s"]
+    assert [q for _, q, _ in unheld_numbers(row.replace("1.38", "1.37"))] == ["1.39× (1.37–1.44)"]
+    assert [q for _, q, _ in unheld_numbers(row.replace("5,278.1", "5,278.2"))] == ["5,278.2 images/s"]
     caption = f"From [`{folder}/`](results/{folder}/ladder.md):\n\n| rung | × |\n|---|---|\n| compile | 0.73× |\n"
     assert [q for _, q, _ in unheld_numbers(caption)] == ["0.73×"]  # a table row takes its caption's folder
     found = [
@@ -479,3 +480,24 @@ def test_each_technique_page_s_measured_block_is_the_current_folders_rows():
         pages.allowed("1.30× (1.25–1.33), faster over a", None)
         == "1.30× (1.25–1.33), no verdict (no noise floor) over a"
     )
+
+
+def test_the_readme_s_table_has_a_row_for_every_script_and_names_its_cells_folders_rows():
+    """The README's "Every technique, measured" table is bench/pages.py's (the --check above holds it to the
+    folders): every script of src/ has a row in bench/readme_table.toml, and a cell whose configuration is not a row
+    of its topic's current folder (a re-run that renamed it) stops the writing with one line, not a blank cell."""
+    sys.path.insert(0, str(REPO / "bench"))
+    import pages
+
+    spec = pages.load_readme_spec()
+    rows = {row["script"] for row in spec["row"]} | {row["also"] for row in spec["row"] if "also" in row}
+    missing = sorted(p.name for p in (REPO / "src").glob("*.py") if p.name not in rows)
+    assert not missing, f"bench/readme_table.toml has no row for {missing}"
+    readme = (REPO / "README.md").read_text()
+    assert pages.BEGIN in readme and "| [`train_amp.py`](docs/techniques/train_amp.md)" in readme
+    folders = pages.Folders(pages.load_topics())
+    cell = {"topic": "CPU ladders", "config": "train_amp.py cnn, bf16", "label": "x", "show": "ratio"}
+    ratio = pages.cell_value(cell, folders)
+    assert re.fullmatch(r"\d\.\d\d× \(\d\.\d\d–\d\.\d\d\), .+", ratio), ratio
+    with pytest.raises(SystemExit, match="has no row 'train_amp.py cnn, renamed'"):
+        pages.cell_value({**cell, "config": "train_amp.py cnn, renamed"}, folders)

@@ -71,6 +71,7 @@ CHAINS = {
     "train_cuda_graphs.py": "train_fast.py",
     "train_float8.py": "train_compile.py",
     "train_tf32.py": "train.py",
+    "train_muon.py": "train.py",
     "train_model_parallel.py": "train.py",
     "train_pipeline.py": "train_model_parallel.py",
     "train_TP.py": "train.py",

@@ -256,3 +256,30 @@ def test_runs_of_varying_length_compare_by_real_tokens_per_second_not_by_samples
         ]
     )  # fmt: skip
     assert pairs.run_speeds(runs) == {0: 40.0, 1: 4_400.0, 2: 9_800.0}
+
+
+def test_runs_to_a_target_compare_their_times_to_it_in_the_same_pairs_beside_their_rates():
+    """A run to --target-loss gives two ratios from the same pair: its rate's (as any run's) and its time to the
+    target's, the reference's seconds over the row's (× sooner); a run that never reached the target gives no time
+    ratio, and the summary's x_target holds the median, spread and verdict of the time ratios."""
+    import pandas as pd
+    from summary import add_target
+
+    runs = pd.DataFrame(
+        [
+            {"job": j, "status": "ok", "images_per_s": 16e3 / ms, "global_batch": 16, "step_ms_blocked": ms,
+             "time_to_target_s": t}
+            for j, (ms, t) in enumerate([(1000, 200.0), (1250, 125.0), (1250, 130.0), (1000, 210.0),
+                                         (1000, 190.0), (1250, None)])
+        ]
+    )  # fmt: skip
+    c = Comparison("muon", "adamw", "rung_base")
+    plan = [(c, 0, 1, 0), (c, 1, 2, 3), (c, 2, 5, 4)]
+    assert pairs.pair_ratios(runs, plan)[c] == [0.8, 0.8, 0.8]  # Muon's steps are slower...
+    sooner = pairs.pair_ratios(runs, plan, to_target=True)[c]
+    assert sooner == pytest.approx([200 / 125, 210 / 130])  # ...and it gets there sooner; the third never got there
+    summary = pd.DataFrame({"config": ["adamw", "muon"]})
+    add_target(summary, {c: [1.6, 1.62, 1.58]}, 0.05, {c: 0})
+    row = summary.iloc[1]
+    assert (row.x_target, row.x_target_lo, row.x_target_hi, row.x_target_verdict) == (1.6, 1.58, 1.62, "faster")
+    assert pd.isna(summary.iloc[0].x_target)

@@ -9,6 +9,7 @@ from pathlib import Path
 from .data import DEBIAN_FASHION_MNIST
 from .env import REPO
 from .errors import die, install_error_hook
+from . import target
 from .io import output_problem
 from .models import DEFAULTS, MODELS, SCHEDULE_DEFAULTS, TEXT_MODELS, vit_patch_size
 
@@ -240,6 +241,17 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
         default=None,
         help="report the training seconds until the test accuracy first reaches this fraction",
     )
+    p.add_argument(
+        "--target-loss",
+        type=float,
+        default=None,
+        help="--model gpt / gpt2: report the training seconds and steps until the loss on a fixed sample of the "
+        "held-out text first reaches this (nats per character), probed every --eval-every steps with the clock stopped",
+    )
+    p.add_argument("--eval-every", type=positive_int, default=100, help="--target-loss: steps between two probes")
+    p.add_argument(
+        "--target-sample", type=positive_int, default=1024, help="--target-loss: held-out blocks the probe evaluates"
+    )
     p.add_argument("--metrics-out", type=Path, default=None, help="write the run's metrics JSON here")
     p.add_argument("--log-every", type=positive_int, default=50, help="print a progress line every N steps")
     p.add_argument("--checkpoint-dir", type=Path, default=None, help="save last.pt here at the end of every epoch")
@@ -297,4 +309,5 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
             f"--checkpoint-dir {args.checkpoint_dir} already holds last.pt from an earlier run: add --resume to "
             "continue it, or pick another folder (this run would overwrite it)"
         )
+    target.configure(args)  # --target-loss: the probe (common/target.py), or one line and exit
     return args

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import text
+from . import target, text
 from .env import REPO
 from .errors import die
 from .models import TEXT_MODELS
@@ -185,6 +185,7 @@ def load_data(args: argparse.Namespace):
             )
         if len(train_set) < args.batch_size:
             die(f"--batch-size {args.batch_size} is larger than the {len(train_set)} training blocks; lower it")
+        target.watch_heldout(test_set)  # --target-loss: the probe's fixed sample comes from these blocks
         return train_set, test_set
     try:
         folder = find_fashion_mnist(args.data_dir)

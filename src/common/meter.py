@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode
 
+from . import target
+
 GIB = 1024**3
 
 
@@ -169,7 +171,11 @@ class Meter:
         a step in which torch.compile recompiled): the window closes at the previous step's end and a new one opens
         at this step's end. On a GPU, work the previous steps left queued finishes inside that step and is left out
         too (at most a few steps' worth against the seconds of a compile); `excluded_steps` in the summary counts such
-        steps."""
+        steps. Under --target-loss, every K-th step ends with the probe (common/target.py), the clock stopped."""
+        self._step(n_images, measured, tokens)
+        target.after_step(self)
+
+    def _step(self, n_images: int, measured: bool, tokens: int | None) -> None:
         self._stop_counting()
         if self._flop_counter is not None:
             self._flop_counter.__exit__(None, None, None)

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from . import target
 from .data import TEXT_VOCAB
 from .device import fp32_precision
 from .env import environment, in_process_group
@@ -112,7 +113,8 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     and anything else to record (loader, workers, ...); `without` (the changes an ablation row left out) comes
     from args where the script has `--without`. Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
-    `time_to_target_incl_compile_s` with it), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
+    `time_to_target_incl_compile_s` with it) or, under --target-loss, until the held-out sample's loss first reached
+    it (`common.target.fields`: the same two keys, steps_to_target, every probe), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
     training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every
     flag with its default), and the
     run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
@@ -151,6 +153,17 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     if summary.get("activation_mib") is not None:
         line += f", activations saved for backward {summary['activation_mib']:.1f} MiB"
     print(f"{line}, peak host RSS {summary['peak_host_rss_gib']:.2f} GiB", flush=True)
+    probe = target.fields(compile_s, epochs[-1]["val_loss"] if epochs else None)  # --target-loss's, else {}
+    if probe:
+        seconds = probe["time_to_target_s"]
+        print(
+            f"time to held-out sample loss {probe['target_loss']}: "
+            + (f"{seconds:.1f} s of training, {probe['steps_to_target']} steps" if seconds is not None else "not reached")
+            + f" (probed every {probe['target_eval_every']} steps on {probe['target_sample_blocks']} blocks, clock "
+            f"stopped; at the end the sample's loss {probe['target_sample_loss_end']:.4f}"
+            + (f", the whole held-out text's {epochs[-1]['val_loss']:.4f})" if epochs else ")"),
+            flush=True,
+        )
     return write_metrics(
         args.metrics_out,
         **fields,
@@ -161,8 +174,11 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
         epochs=epochs,
         test_acc=epochs[-1]["val_acc"] if epochs else None,
         target_acc=args.target_acc,
-        time_to_target_s=reached[0]["train_s"] - compile_s if reached else None,
-        time_to_target_incl_compile_s=reached[0]["train_s"] if reached else None,
+        **{
+            "time_to_target_s": reached[0]["train_s"] - compile_s if reached else None,  # --target-acc's
+            "time_to_target_incl_compile_s": reached[0]["train_s"] if reached else None,
+            **probe,  # --target-loss's, where it ran
+        },
         args={key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
         status=run_status(),
         stopped_at_step=RUN["stopped_at"],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
+from . import target
 from .gpt import GPT, GPT_CONFIGS
 from .vit import ViT, vit_config
 
@@ -100,7 +101,8 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
     `gpt`, `gpt2` and `gpt-wide` are decoder-only GPTs (common/gpt.py) for (N, T) int64 tokens -> (N, vocab, T)
     logits: here `in_channels` is the vocabulary size and `image_size` the context T (what `input_shape` gives for
     text); `gpt` has nanoGPT's laptop shape (0.8 M parameters), `gpt2` GPT-2 small's (85 M with 84 characters),
-    `gpt-wide` 4 blocks of width 2048 (201 M), GPT_CONFIGS.
+    `gpt-wide` 4 blocks of width 2048 (201 M), GPT_CONFIGS. Under --target-loss the first GPT built is the one the
+    probe evaluates (common/target.py).
     """
     if name == "cnn":
         return SmallCNN(in_channels, num_classes, image_size)
@@ -109,7 +111,7 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
     if name == "vit":
         return ViT(image_size, in_channels, num_classes, **vit_config(image_size))
     if name in GPT_CONFIGS:  # text: (in_channels, image_size) are (vocabulary size, context), as input_shape gives
-        return GPT(in_channels, image_size, **GPT_CONFIGS[name])
+        return target.watch_model(GPT(in_channels, image_size, **GPT_CONFIGS[name]))  # --target-loss probes it
     import torchvision  # only for the ResNets: its import adds seconds to start-up
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)

@@ -1,0 +1,116 @@
+"""Steps to a target loss, swept: each configuration of the GPT run once to --target-loss, two at a time with one
+thread each (the step at which a run reaches the target does not depend on its speed, so runs may share the cores;
+their seconds do, and this table quotes none), then table.md from their metrics: the steps to the target, the
+held-out sample's loss and the whole held-out text's at the end, and how far the two stand apart.
+
+    python bench/target_sweep.py --out results/muon-sweep-DATE                 # the sweep below (about 20 minutes)
+    python bench/target_sweep.py --out results/muon-sweep-DATE --tables-only   # table.md again from metrics/
+
+Which learning rate and schedule length reach the target in the fewest steps is what the sweep is for; the seconds
+those steps take are measured apart, in interleaved pairs on a quiet machine (profile `time-to-target`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pandas as pd
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "src"))
+
+import common  # noqa: E402
+
+TARGET = 1.70
+COMMON = ["--model", "gpt", "--device", "cpu", "--workers", "0", "--target-loss", str(TARGET), "--eval-every", "100",
+          "--sample-chars", "0", "--log-every", "400"]  # fmt: skip
+# (name, script, flags): AdamW's peak rate around the GPT's default (6e-3), Muon's around Keller Jordan's 0.02, then
+# shorter one-cycle schedules for the best of each (a schedule that ends at the target anneals sooner)
+SWEEP = [
+    ("AdamW lr 3e-3", "src/train.py", ["--lr", "3e-3"]),
+    ("AdamW lr 6e-3 (the default)", "src/train.py", ["--lr", "6e-3"]),
+    ("AdamW lr 1.2e-2", "src/train.py", ["--lr", "1.2e-2"]),
+    ("Muon lr 0.01", "src/train_muon.py", ["--muon-lr", "0.01"]),
+    ("Muon lr 0.02", "src/train_muon.py", ["--muon-lr", "0.02"]),
+    ("Muon lr 0.04", "src/train_muon.py", ["--muon-lr", "0.04"]),
+    ("Muon lr 0.08", "src/train_muon.py", ["--muon-lr", "0.08"]),
+    ("Muon lr 0.02, AdamW's part at 3e-3", "src/train_muon.py", ["--muon-lr", "0.02", "--lr", "3e-3"]),
+    ("AdamW lr 6e-3, 1,800 steps", "src/train.py", ["--lr", "6e-3", "--max-steps", "1800"]),
+    ("AdamW lr 6e-3, 2,200 steps", "src/train.py", ["--lr", "6e-3", "--max-steps", "2200"]),
+    ("Muon lr 0.02, 900 steps", "src/train_muon.py", ["--muon-lr", "0.02", "--max-steps", "900"]),
+    ("Muon lr 0.02, 1,200 steps", "src/train_muon.py", ["--muon-lr", "0.02", "--max-steps", "1200"]),
+]
+
+
+def slug(name: str) -> str:
+    return "".join(c if c.isalnum() or c in ".-" else "-" for c in name.lower()).strip("-")
+
+
+def run_one(out: Path, name: str, script: str, flags: list[str]) -> None:
+    """One run, one thread, its log in logs/ and metrics in metrics/ (written by the script atomically)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    metrics = out / "metrics" / f"{slug(name)}.json"
+    with open(out / "logs" / f"{slug(name)}.log", "w") as log:
+        argv = [sys.executable, script, *COMMON, *flags, "--metrics-out", str(metrics)]
+        log.write("$ " + " ".join(argv[1:]) + "\n")
+        log.flush()
+        subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
+
+
+def table(out: Path) -> str:
+    """table.md's text from metrics/: one row per configuration of SWEEP that has its metrics."""
+    rows = []
+    for name, script, flags in SWEEP:
+        path = out / "metrics" / f"{slug(name)}.json"
+        if not path.is_file():
+            continue
+        m = json.loads(path.read_text())
+        final = m["epochs"][-1]["val_loss"] if m.get("epochs") else None
+        rows.append(
+            {
+                "configuration": name,
+                "script": Path(script).name,
+                "flags": " ".join(flags),
+                "steps": m.get("steps"),
+                f"steps to {TARGET}": m.get("steps_to_target") or "not reached",
+                "sample loss at the end": f"{m['target_sample_loss_end']:.4f}",
+                "held-out text at the end": f"{final:.4f}" if final is not None else "–",
+                "sample - whole": f"{m['target_sample_gap']:+.4f}" if m.get("target_sample_gap") is not None else "–",
+                "log": f"[log](logs/{slug(name)}.log)",
+            }
+        )
+    env = json.loads((out / "env.json").read_text()) if (out / "env.json").is_file() else {}
+    head = (
+        f"# Steps to {TARGET} nats per character: the GPT's optimizer, learning rate and schedule length\n\n"
+        f"Written by `python bench/target_sweep.py` from `metrics/`. CPU: {env.get('cpu_model', '?')}, "
+        f"{env.get('cpu_count', '?')} cores; torch {env.get('torch', '?')}; commit "
+        f"{(env.get('git') or {}).get('commit', '?')[:10]}. Each run: `--target-loss {TARGET} --eval-every 100`, "
+        "the held-out sample's loss (1,024 blocks of the four held-out plays, fixed) every 100 steps; two runs at a "
+        "time, one thread each, so no seconds are quoted: steps do not depend on speed.\n\n"
+    )
+    return head + pd.DataFrame(rows).to_markdown(index=False) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="the GPT's steps to a target loss, swept")
+    parser.add_argument("--out", type=Path, required=True, help="the result folder")
+    parser.add_argument("--tables-only", action="store_true", help="write table.md from metrics/ only")
+    args = parser.parse_args()
+    if not args.tables_only:
+        for sub in ("logs", "metrics"):
+            (args.out / sub).mkdir(parents=True, exist_ok=True)
+        common.io.atomic_write_text(args.out / "env.json", json.dumps(common.env.environment(), indent=2) + "\n")
+        with ThreadPoolExecutor(max_workers=2) as pool:  # two at a time: one per core
+            list(pool.map(lambda c: run_one(args.out, *c), SWEEP))
+    common.io.atomic_write_text(args.out / "table.md", table(args.out))
+    print(f"target_sweep.py: wrote {args.out / 'table.md'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,119 @@
+"""train_muon.py against train.py: Muon takes the blocks' 2-D weight matrices, AdamW everything else, and three steps
+of the script land where three steps written out here from Muon's definition land.
+
+The written-out steps are independent of the script: the split by parameter name (a block's 2-D weight, not the
+embeddings, the head, norms or biases), Muon's update as Keller Jordan's reference implementation defines it
+(momentum as an exponential average, the Nesterov look-ahead, five Newton-Schulz iterations in bfloat16 with the
+quintic's coefficients, the step scaled by sqrt(max(1, fan-out / fan-in)), decoupled weight decay) and its learning
+rate on train.py's one-cycle schedule with its momentum held at 0.95; AdamW and the schedule are torch's, as in
+train.py. One step cannot tell momentum from none (the first update is the orthogonalized gradient either way), so
+three: the second and third show the momentum, the schedule's second and third rates, and the Nesterov term.
+"""
+
+import math
+
+import torch
+import torch.nn as nn
+from conftest import run
+from test_equivalence import SAME, train, weights
+
+import common
+
+# 16 blocks of 32 characters and a batch of 16: one step an epoch, whose batch is the same 16 blocks every epoch (a
+# mean over the batch, so the order the sampler gives does not matter), 3 epochs, so 3 steps and a checkpoint after.
+# Rates a tenth of the defaults: AdamW's first steps move a parameter whose gradient is near zero by a whole step, so
+# at the default rate float32's rounding of such gradients shows in the weights; a tenth keeps the rest within 1e-3
+LR, MUON_LR, WEIGHT_DECAY, MOMENTUM, CLIP = 6e-4, 0.002, 5e-4, 0.95, 1.0
+MUON = ["--model", "gpt", "--subset", "16", "--test-subset", "16", "--seq-len", "32", "--batch-size", "16",
+        "--epochs", "3", "--sample-chars", "0", "--lr", str(LR), "--muon-lr", str(MUON_LR)]  # fmt: skip
+
+
+def newton_schulz(update: torch.Tensor, steps: int = 5, eps: float = 1e-7) -> torch.Tensor:
+    """The orthogonalized `update` (2-D): the quintic Newton-Schulz iteration that torch.optim.Muon documents (Keller
+    Jordan's, github.com/KellerJordan/Muon), computed in float64; float32 out. torch, like Keller's reference, runs it
+    in bfloat16: on these gradients that moves the update by up to a tenth of its norm (measured: 9.3 %)."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = update.double()
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x / x.norm().clamp(min=eps)  # spectral norm at most 1
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return (x.T if tall else x).float()
+
+
+def schedule(peak: float, steps: int) -> list[float]:
+    """The learning rate of each step under train.py's one-cycle schedule with this peak."""
+    dummy = torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=peak)
+    sched = torch.optim.lr_scheduler.OneCycleLR(dummy, max_lr=peak, total_steps=steps, cycle_momentum=False)
+    rates = []
+    for _ in range(steps):
+        rates.append(dummy.param_groups[0]["lr"])
+        dummy.step()
+        sched.step()
+    return rates
+
+
+def written_out(steps: int = 3) -> tuple[dict, dict]:
+    """The model's state and Muon's momentum buffers (by parameter name) after `steps` steps written out here."""
+    common.seed_everything(0)
+    model = common.build_model("gpt", 84, 32)
+    train_set, _ = common.text.shakespeare(32)
+    inputs, targets = (t[:16] for t in train_set.tensors)
+    named = dict(model.named_parameters())
+    matrices = {n: p for n, p in named.items() if n.startswith("block") and p.ndim == 2}  # q, k, v, out, fc1, fc2
+    adamw = torch.optim.AdamW([p for n, p in named.items() if n not in matrices], lr=LR, weight_decay=WEIGHT_DECAY)
+    adamw_schedule = torch.optim.lr_scheduler.OneCycleLR(adamw, max_lr=LR, total_steps=steps)
+    rates = schedule(MUON_LR, steps)
+    momentum = {n: torch.zeros_like(p) for n, p in matrices.items()}
+    for step in range(steps):
+        model.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(model(inputs), targets).backward()
+        nn.utils.clip_grad_norm_(model.parameters(), CLIP)
+        adamw.step()
+        with torch.no_grad():
+            for name, p in matrices.items():
+                momentum[name] = MOMENTUM * momentum[name] + (1 - MOMENTUM) * p.grad  # an average of the gradients
+                nesterov = (1 - MOMENTUM) * p.grad + MOMENTUM * momentum[name]  # a look-ahead along it
+                fan_out, fan_in = p.shape
+                p.mul_(1 - rates[step] * WEIGHT_DECAY)
+                p.add_(newton_schulz(nesterov), alpha=-rates[step] * math.sqrt(max(1.0, fan_out / fan_in)))
+        adamw_schedule.step()
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}, momentum
+
+
+def test_muon_takes_the_block_matrices_and_three_steps_match_muon_written_out(tmp_path):
+    """The checkpoint after 3 steps: Muon's momentum buffers are the 24 block matrices' (4 blocks x q, k, v, out,
+    fc1, fc2) and equal the written-out ones within 1 % (a momentum left out, another value, or one the schedule
+    cycles changes them by half or more); Muon's momentum is 0.95 with Nesterov; AdamW's state holds every other
+    parameter, the embeddings and the head among them; every weight is the written-out run's: the matrices within 20 %
+    of what the 3 steps moved them (torch's bfloat16 Newton-Schulz against float64 here: 9.3 % measured; a wrong rate,
+    its scaling by the matrix's shape or a raw gradient for an update are off by 2x or more), the rest within 1e-3."""
+    result = train(tmp_path / "muon", "src/train_muon.py", *MUON)
+    state = result["state"]
+    expected, momentum = written_out()
+    muon = state["muon"]
+    assert [g["momentum"] for g in muon["param_groups"]] == [MOMENTUM] and muon["param_groups"][0]["nesterov"]
+    buffers = [s["momentum_buffer"] for s in muon["state"].values()]
+    assert [tuple(b.shape) for b in buffers] == [tuple(m.shape) for m in momentum.values()]  # 24, in block order
+    for got, (name, want) in zip(buffers, momentum.items(), strict=True):
+        assert (got - want).norm() <= 1e-2 * want.norm(), name
+    adamw_shapes = [tuple(s["exp_avg"].shape) for s in state["optimizer"]["state"].values()]
+    assert [s for s in adamw_shapes if len(s) == 2] == [(84, 128), (32, 128), (84, 128)]  # token, position, head
+    assert len(adamw_shapes) + len(buffers) == len(expected)  # every parameter on exactly one optimizer
+
+    common.seed_everything(0)
+    start = common.build_model("gpt", 84, 32).state_dict()
+    got = weights(result)
+    for name, value in expected.items():
+        moved = (value - start[name]).norm()
+        error = (got[name] - value).norm()
+        limit = 0.2 if name.startswith("block") and value.ndim == 2 else 1e-3
+        assert error <= limit * moved + 1e-6, f"{name}: {error:.3g} off, the steps moved it {moved:.3g}"
+
+
+def test_muon_refuses_a_model_without_block_matrices_in_one_line():
+    proc = run("src/train_muon.py", *SAME, "--model", "cnn")
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("--model gpt, gpt2 or vit, not cnn")
