@@ -50,6 +50,16 @@ def floor_of(folder: Path) -> float | None:
     return pct / 100 if pct is not None else None
 
 
+def target_floor_of(folder: Path) -> float | None:
+    """The noise floor of a folder's times to the target (its table.md's "Time to the target: its noise floor ±N %"),
+    as a fraction; None where it has none."""
+    try:
+        found = re.search(r"Time to the target: its noise floor ±([\d.]+) %", (folder / "table.md").read_text())
+    except OSError:
+        return None
+    return float(found.group(1)) / 100 if found else None
+
+
 def allowed(cell: str, floor: float | None) -> str:
     """The comparison's cell with the verdict its floor allows: none without a floor, and within a floor wider than
     NOISY_FLOOR not "no measurable difference" but "no verdict"."""
@@ -76,6 +86,9 @@ def rows_for(script: str, topics: list[dict]) -> list[str]:
             if r.get("script") != script or r.get("status") != "ok" or pd.notna(r.get("same_as")):
                 continue
             compared = allowed(compared_cell(r), floor)
+            if pd.notna(r.get("x_target")) and pd.isna(r.get("x_self")):  # the same pairs' times to the target
+                sooner = allowed(pair_cell(r, "x_target"), target_floor_of(folder))
+                compared += f"; to the target in {fmt(r.get('time_to_target_s'), '.1f')} s: {sooner}"
             lines.append(f"| {topic['name']} ({link}) | {r['config']} | {ips_cell(r)} | {compared} | {floor_text} |")
     return lines
 
@@ -152,11 +165,16 @@ def cell_value(cell: dict, folders: Folders) -> str:
         if pd.notna(tokens) and tokens > 0:
             return fmt(r["images_per_s"], ",.0f", tokens) + " tokens/s"
         return fmt(r["images_per_s"], ",.1f") + " images/s"
-    if show in ("ratio", "x_train"):
-        column = "speedup" if show == "x_train" else next((c for c in RATIO_COLUMNS if pd.notna(r.get(c))), None)
+    if show in ("ratio", "x_train", "sooner"):
+        column = {"x_train": "speedup", "sooner": "x_target"}.get(show) or next(
+            (c for c in RATIO_COLUMNS if pd.notna(r.get(c))), None
+        )
         if column is None:
             raise SystemExit(f"pages.py: error: {cell['config']!r} ({cell['topic']}) was compared with nothing")
-        text = allowed(pair_cell(r, column), floor_of(REPO / "results" / folders.folder(cell["topic"])))
+        floor = floor_of(REPO / "results" / folders.folder(cell["topic"]))
+        if show == "sooner":  # the time to the target has a floor of its own (table.md's second noise line)
+            floor = target_floor_of(REPO / "results" / folders.folder(cell["topic"]))
+        text = allowed(pair_cell(r, column), floor)
         # "1.32× (1 pair), no verdict: 1 pair, 3 needed" says the count twice: once is enough in a table cell
         return re.sub(
             r" \((1 pair|[\d.]+–[\d.]+)\), no verdict: (\d+ pairs?), \d+ needed",

@@ -107,6 +107,7 @@ def verdicts_of(folder: Path, floor: str) -> str:
     except (OSError, pd.errors.EmptyDataError):
         return "–"
     counts: dict[str, int] = {}
+    target: dict[str, int] = {}
     for r in summary.to_dict("records"):
         for column in COMPARISONS:
             verdict = r.get(column + "_verdict")
@@ -116,8 +117,16 @@ def verdicts_of(folder: Path, floor: str) -> str:
                 noisy = floor.startswith("±") and float(floor[1:].split()[0]) / 100 > NOISY_FLOOR
                 word = "no verdict" if word == "no measurable difference" and noisy else word
                 counts[word] = counts.get(word, 0) + 1
+        verdict = r.get("x_target_verdict")  # the same pair's time to a target, where the runs went to one
+        if isinstance(verdict, str) and verdict and pd.isna(r.get("x_self")):  # not the self pair
+            word = next((w for w in ("faster", "slower", "no measurable difference", "disturbed")
+                         if verdict.startswith(w)), "no verdict")  # fmt: skip
+            target[word] = target.get(word, 0) + 1
     order = ("faster", "slower", "no measurable difference", "disturbed", "no verdict")
-    return ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "no comparison"
+    text = ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "no comparison"
+    if target:
+        text += "; to the target: " + ", ".join(f"{target[w]} {w}" for w in order if w in target)
+    return text
 
 
 def citing_pages(name: str) -> list[str]:

@@ -26,13 +26,13 @@ import common
 
 parser = common.get_parser(__doc__)
 parser.add_argument(  # new #
-    "--muon-lr", type=float, default=None, help="Muon's peak learning rate (default per model: gpt 0.02, vit 0.02)"
+    "--muon-lr", type=float, default=None, help="Muon's peak learning rate (default per model: vit 0.01, the GPTs 0.02)"
 )
 args = common.parse_args(parser)
 if args.model not in ("gpt", "gpt2", "vit"):  # new # Muon's matrices: a transformer's blocks
     parser.error(f"train_muon.py orthogonalizes 2-D block weights: --model gpt, gpt2 or vit, not {args.model}")  # new #
-if args.muon_lr is None:  # new # the value that led the sweep (docs/techniques/train_muon.md)
-    args.muon_lr = 0.02  # new #
+if args.muon_lr is None:  # new # the values that led the sweeps (docs/techniques/train_muon.md)
+    args.muon_lr = 0.01 if args.model == "vit" else 0.02  # new #
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 

@@ -297,9 +297,9 @@ MUTATIONS = [
     ("train_muon.py", "the momentum dropped (momentum=0: the raw gradient orthogonalized)", "src/train_muon.py",
      "momentum=0.95, nesterov=True", "momentum=0.0, nesterov=True", MUON),
     ("train_muon.py", "Muon's momentum cycled by the one-cycle schedule (0.95 to 0.85 and back)", "src/train_muon.py",
-     ", cycle_momentum=False  # new # stays 0.95", "  # new # stays 0.95", MUON),
+     "cycle_momentum=False,  # new #", "cycle_momentum=True,  # new #", MUON),
     ("train_muon.py", "Muon's schedule peaking at AdamW's rate (--lr for both)", "src/train_muon.py",
-     "muon, max_lr=args.muon_lr,", "muon, max_lr=args.lr,", MUON),
+     "    max_lr=args.muon_lr,\n", "    max_lr=args.lr,\n", MUON),
     ("train_muon.py", "the optimizers not stepped in the same step: Muon after the schedule's step", "src/train_muon.py",
      "        muon.step()  # new # momentum, then its orthogonalized update, for the matrices\n        scheduler.step()\n"
      "        muon_scheduler.step()  # new #",

@@ -11,11 +11,13 @@ three: the second and third show the momentum, the schedule's second and third r
 """
 
 import math
+import signal
 
 import torch
 import torch.nn as nn
 from conftest import run
 from test_equivalence import SAME, train, weights
+from test_preemption import finish, state, terminate_after
 
 import common
 
@@ -95,7 +97,9 @@ def test_muon_takes_the_block_matrices_and_three_steps_match_muon_written_out(tm
     state = result["state"]
     expected, momentum = written_out()
     muon = state["muon"]
-    assert [g["momentum"] for g in muon["param_groups"]] == [MOMENTUM] and muon["param_groups"][0]["nesterov"]
+    group = muon["param_groups"][0]
+    assert [g["momentum"] for g in muon["param_groups"]] == [MOMENTUM] and group["nesterov"]
+    assert (group["weight_decay"], group["max_lr"]) == (WEIGHT_DECAY, MUON_LR)  # AdamW's decay; its own peak
     buffers = [s["momentum_buffer"] for s in muon["state"].values()]
     assert [tuple(b.shape) for b in buffers] == [tuple(m.shape) for m in momentum.values()]  # 24, in block order
     for got, (name, want) in zip(buffers, momentum.items(), strict=True):
@@ -117,3 +121,25 @@ def test_muon_takes_the_block_matrices_and_three_steps_match_muon_written_out(tm
 def test_muon_refuses_a_model_without_block_matrices_in_one_line():
     proc = run("src/train_muon.py", *SAME, "--model", "cnn")
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("--model gpt, gpt2 or vit, not cnn")
+
+
+def test_a_sigterm_and_resume_end_with_the_uninterrupted_run_s_weights_and_muon_s_momentum(tmp_path):
+    """SIGTERM after step 1 of the 3, then --resume: the weights and Muon's momentum buffers are the uninterrupted
+    run's, bit for bit (a resume that left Muon's state out of last.pt, or restarted its schedule, would differ); and
+    a resume with another --muon-lr is refused in one line (the schedule would keep the saved peak)."""
+    flags = [*SAME, *MUON, "--deterministic", "--log-every", "1"]
+    full = finish(["src/train_muon.py", *flags, "--checkpoint-dir", tmp_path / "full"])
+    assert full.returncode == 0, full.stderr
+    argv = ["src/train_muon.py", *flags, "--checkpoint-dir", tmp_path / "cut"]
+    cut = terminate_after(argv, 1, lambda job: job.send_signal(signal.SIGTERM))
+    assert cut.returncode == 143, cut.stderr
+    resumed = finish([*argv, "--resume"])
+    assert resumed.returncode == 0 and "resumed from" in resumed.stdout, resumed.stderr
+    a, b = state(tmp_path / "cut" / "last.pt"), state(tmp_path / "full" / "last.pt")
+    assert a["step"] == b["step"] == 3
+    for key in b["model"]:
+        assert torch.equal(a["model"][key], b["model"][key]), key
+    for i, s in b["muon"]["state"].items():
+        assert torch.equal(a["muon"]["state"][i]["momentum_buffer"], s["momentum_buffer"]), i
+    other = finish([*argv[: argv.index("--muon-lr") + 1], "0.01", *argv[argv.index("--muon-lr") + 2 :], "--resume"])
+    assert other.returncode == 2 and "Muon's peak learning rate (--muon-lr) 0.002 there, 0.01 here" in other.stderr

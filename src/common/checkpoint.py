@@ -43,6 +43,7 @@ CHECKPOINT_MATCH = {
     "epochs": "epochs",
     "max_steps": "max steps",
     "lr": "peak learning rate",
+    "muon_lr": "Muon's peak learning rate (--muon-lr)",
     "balance": "stage cut (--balance)",
     "schedule": "pipeline schedule (--schedule)",
     "stages_per_rank": "stages per process (--stages-per-rank)",
@@ -56,8 +57,9 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
     (torch.distributed's, else 1), --batch-size (per process), --accum-steps (None where the script has no such flag),
     the optimizer's class, `state`: the names of the `holders` (GradScaler...) whose state_dict is not empty (a
     disabled GradScaler has none), what fixes the one-cycle schedule: --epochs, --max-steps, --lr (the resolved
-    peak, a model's default included), --balance, --schedule and --stages-per-rank (None where the script cuts no
-    stages), --tp (None where there is no 2-D mesh). Plus the torch version, for the record."""
+    peak, a model's default included), --muon-lr (train_muon.py's), --balance, --schedule and --stages-per-rank
+    (None where the script cuts no stages), --tp (None where there is no 2-D mesh). Plus the torch version, for the
+    record."""
     dataset = getattr(args, "dataset", None) or Path(getattr(args, "data_dir", "")).resolve().name
     return {
         "script": Path(sys.argv[0]).name,
@@ -75,6 +77,7 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
         "epochs": args.epochs,
         "max_steps": args.max_steps,
         "lr": args.lr,
+        "muon_lr": getattr(args, "muon_lr", None),  # train_muon.py's second schedule (None elsewhere, and before it)
         "balance": getattr(args, "balance", None),  # None for the scripts without stages (and files before it)
         "schedule": getattr(args, "schedule", None),  # a pipeline's: with the next, which rank holds which stage
         "stages_per_rank": getattr(args, "stages_per_rank", None),

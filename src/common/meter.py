@@ -72,16 +72,16 @@ class Meter:
       summed. All of them are alive together at the end of the
       forward. Under activation checkpointing, torch.utils.checkpoint saves a block's inputs here and the tensors of
       its recompute under its own inner hooks, which are not counted: they live only during that block's backward.
-    - training FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` from the arrival of the second step's
-      batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions
-      and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and the optimizer are not
-      counted; an activation-checkpointing recompute is: hardware FLOPs, not the model's). Batches of varying length
-      (`step(..., tokens=)`): the step's FLOPs per real token, pads' work included, times the window's real tokens
-      per sample (the counted batch's width stands for the window's: attention's share is approximate). DataParallel's
-      replicas run their forward in threads the counter does not see (train_DP.py reports none on 2+ GPUs). The second
-      step, not the first: a compiled model compiles
-      at its first call, and under the counter it would run eagerly and compile a step later. That step runs slower
-      (Python sees every op): it is a warm-up step unless --warmup-steps is below 2.
+    - training FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` from the arrival of the second step's batch
+      to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions and
+      attention as they ran (a multiply-add counts 2; elementwise ops, the loss and AdamW's update are not counted;
+      Muon's Newton-Schulz matmuls are, as an activation-checkpointing recompute is: hardware FLOPs, not the model's).
+      Batches of varying length (`step(..., tokens=)`): the step's FLOPs per real token, pads' work included, times the
+      window's real tokens per sample (the counted batch's width stands for the window's: attention's share is
+      approximate). DataParallel's replicas run their forward in threads the counter does not see (train_DP.py reports
+      none on 2+ GPUs). The second step, not the first: a compiled model compiles at its first call, and under the
+      counter it would run eagerly and compile a step later. That step runs slower (Python sees every op): it is a
+      warm-up step unless --warmup-steps is below 2.
     """
 
     def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10, schedule=None):

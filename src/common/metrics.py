@@ -114,8 +114,9 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     from args where the script has `--without`. Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
     `time_to_target_incl_compile_s` with it) or, under --target-loss, until the held-out sample's loss first reached
-    it (`common.target.fields`: the same two keys, steps_to_target, every probe), `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the
-    training matmul/conv/attention work done per second, all ranks together), the resolved arguments (`args`, every
+    it (`common.target.fields`: the same two keys, steps_to_target, every probe), `achieved_tflops`
+    (flops_per_image x images/s / 1e12, TFLOP/s: the training matmul/conv/attention work done per second, all ranks
+    together), the resolved arguments (`args`, every
     flag with its default), and the
     run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
     `failed_writes`). The metrics JSON keys are listed in docs/bench.md.
@@ -156,9 +157,10 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     probe = target.fields(compile_s, epochs[-1]["val_loss"] if epochs else None)  # --target-loss's, else {}
     if probe:
         seconds = probe["time_to_target_s"]
+        took = "not reached" if seconds is None else f"{seconds:.1f} s of training, {probe['steps_to_target']} steps"
         print(
             f"time to held-out sample loss {probe['target_loss']}: "
-            + (f"{seconds:.1f} s of training, {probe['steps_to_target']} steps" if seconds is not None else "not reached")
+            + took
             + f" (probed every {probe['target_eval_every']} steps on {probe['target_sample_blocks']} blocks, clock "
             f"stopped; at the end the sample's loss {probe['target_sample_loss_end']:.4f}"
             + (f", the whole held-out text's {epochs[-1]['val_loss']:.4f})" if epochs else ")"),

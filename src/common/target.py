@@ -6,15 +6,19 @@ Measurement, not a lesson: no script calls this module. `parse_args` turns it on
 has --target-loss; `load_data` hands it the held-out set (`watch_heldout`), `build_model` the model it built
 (`watch_model`), and the Meter calls `after_step` at the end of every step. Between two probes nothing runs that a
 run without --target-loss would not run. The probe evaluates the model as built (not a torch.compile'd wrapper: no
-recompile for eval mode), in float32 with autograd off, so every script's model is judged the same way; a probe's
-seconds are not training seconds (the Meter is paused: its images/s window closes and reopens too).
+recompile for eval mode), outside autocast with autograd off, so every script's model is judged the same way (but
+train_float8.py's, whose Linears are converted in place, probes in float8); a probe's seconds are not training
+seconds (the Meter is paused: its images/s window closes and reopens too). The time is known to a probe: a run that
+crosses the target just after one is counted at the next, up to --eval-every steps later.
 
 The sample: `--target-sample` blocks of the held-out plays (all when fewer), drawn once with a fixed seed, so every
 run and every script sees the same characters; its loss differs from the full held-out text's, and `report` records
 both for the final model (`target_sample_loss_end` against the last epoch's `val_loss`).
 
-One process only: under torchrun a probe on rank 0 would stall the other ranks at their next collective, and that
-wait would count as their training time; `configure` refuses WORLD_SIZE > 1 in one line.
+Refused in one line by `configure`: torchrun (WORLD_SIZE > 1: a probe on rank 0 would stall the other ranks at
+their next collective, and that wait would count as their training time), --resume (the resumed run's clock and
+steps start again at 0: its time to the target would be the last part's only) and --dataset synthetic (no held-out
+text to sample).
 """
 
 from __future__ import annotations
@@ -31,8 +35,8 @@ class TargetProbe:
     """The probe's state: the target (nats per token), its period in steps, the sample, the model, each probe's
     (step, training seconds, loss) and the first that reached the target."""
 
-    def __init__(self, target: float, every: int, sample_blocks: int):
-        self.target, self.every, self.sample_blocks = target, every, sample_blocks
+    def __init__(self, target: float, every: int, sample_blocks: int, chunk: int = 256):
+        self.target, self.every, self.sample_blocks, self.chunk = target, every, sample_blocks, chunk
         self.model: nn.Module | None = None
         self.inputs = self.targets = None  # (n, T) int64 each, on the CPU until the first probe
         self.probes: list[dict] = []
@@ -46,9 +50,11 @@ class TargetProbe:
         self.inputs, self.targets = inputs[pick].clone(), targets[pick].clone()
 
     @torch.no_grad()
-    def loss(self, chunk: int = 256) -> float:
-        """The model's mean cross-entropy (nats per token) over the sample, float32, autograd off; the model is left
-        in the train/eval mode it had."""
+    def loss(self) -> float:
+        """The model's mean cross-entropy (nats per token) over the sample, in chunks of `chunk` blocks (the training
+        batch, at least 64: forward only, autograd off, a chunk holds far less than a training step); the model is
+        left in the train/eval mode it had."""
+        chunk = self.chunk
         was_training = self.model.training
         self.model.eval()
         device = next(self.model.parameters()).device
@@ -96,7 +102,11 @@ def configure(args) -> None:
         die(f"--target-loss is a language model's (--model gpt, gpt2); for --model {args.model} use --target-acc")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         die("--target-loss probes in one process: a probe on one rank would stall the others (run it without torchrun)")
-    ACTIVE = TargetProbe(args.target_loss, args.eval_every, args.target_sample)
+    if getattr(args, "resume", False):
+        die("--target-loss times a whole run: a resumed run's clock starts again at 0 (run it without --resume)")
+    if getattr(args, "dataset", None) == "synthetic":
+        die("--target-loss needs held-out text: --dataset shakespeare, not synthetic")
+    ACTIVE = TargetProbe(args.target_loss, args.eval_every, args.target_sample, max(args.batch_size, 64))
 
 
 def watch_heldout(dataset) -> None:
