@@ -10,7 +10,7 @@ that should catch each one, run against that copy. A test catches its bug when i
 Each bug is an exact text replacement in one script (its `old` text must occur exactly once:
 tests/test_mutations.py checks that on every test run, so the list follows the scripts). The copy holds src/,
 tests/ and bench/ with data/ linked in; the test runs there under pytest, as the test command runs it. Outputs are
-written atomically; Ctrl-C stops the run (the copy is removed) and keeps no partial table.
+written atomically; Ctrl-C or SIGTERM stops the run (the copy is removed) and keeps no partial table.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -416,9 +417,15 @@ def main() -> None:
     raise SystemExit(0 if caught == len(rows) else 1)
 
 
+def _interrupted(signum, frame):
+    """SIGTERM (a killed job, `timeout`) as Ctrl-C: the copy's temporary folder is removed and nothing is written."""
+    raise KeyboardInterrupt
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         main()
     except KeyboardInterrupt:
-        print("mutations.py: interrupted (Ctrl-C); nothing written", file=sys.stderr)
+        print("mutations.py: interrupted (Ctrl-C or SIGTERM); nothing written", file=sys.stderr)
         raise SystemExit(130) from None
