@@ -94,6 +94,12 @@ def floor_of(folder: Path) -> str:
 COMPARISONS = ("speedup_rung", "of_whole", "of_ceiling", "x_memory", "x_sweep")  # summary.csv: one cell each
 
 
+def verdict_word(verdict: str) -> str:
+    """A summary cell's verdict as the index counts it: its first word(s), anything else "no verdict"."""
+    return next((w for w in ("faster", "slower", "no measurable difference", "disturbed") if verdict.startswith(w)),
+                "no verdict")  # fmt: skip
+
+
 def verdicts_of(folder: Path, floor: str) -> str:
     """The folder's comparisons by verdict, from its summary.csv: each row's comparison with its base (a rung's,
     an ablation's whole, a ceiling, a memory table's first row, a sweep's previous point) once; the self pair and
@@ -112,15 +118,13 @@ def verdicts_of(folder: Path, floor: str) -> str:
         for column in COMPARISONS:
             verdict = r.get(column + "_verdict")
             if isinstance(verdict, str) and verdict:
-                word = next((w for w in ("faster", "slower", "no measurable difference", "disturbed")
-                             if verdict.startswith(w)), "no verdict")  # fmt: skip
+                word = verdict_word(verdict)
                 noisy = floor.startswith("±") and float(floor[1:].split()[0]) / 100 > NOISY_FLOOR
                 word = "no verdict" if word == "no measurable difference" and noisy else word
                 counts[word] = counts.get(word, 0) + 1
         verdict = r.get("x_target_verdict")  # the same pair's time to a target, where the runs went to one
         if isinstance(verdict, str) and verdict and pd.isna(r.get("x_self")):  # not the self pair
-            word = next((w for w in ("faster", "slower", "no measurable difference", "disturbed")
-                         if verdict.startswith(w)), "no verdict")  # fmt: skip
+            word = verdict_word(verdict)
             target[word] = target.get(word, 0) + 1
     order = ("faster", "slower", "no measurable difference", "disturbed", "no verdict")
     text = ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "no comparison"
