@@ -6,6 +6,7 @@ held-out sample's loss and the whole held-out text's at the end, and how far the
     python bench/target_sweep.py --out results/muon-sweep-DATE                 # the sweep below (about 20 minutes)
     python bench/target_sweep.py --out results/muon-sweep-DATE --tables-only   # table.md again from metrics/
     python bench/target_sweep.py --sweep vit --out results/muon-vit-DATE       # Muon on the small ViT (5 minutes)
+    python bench/target_sweep.py --sweep fast --out results/fast-gpt-sweep-DATE   # train_fast.py's GPT (10 minutes)
 
 Which learning rate and schedule length reach the target in the fewest steps is what the sweep is for; the seconds
 those steps take are measured apart, in interleaved pairs on a quiet machine (profile `time-to-target`).
@@ -48,6 +49,28 @@ SWEEP = [
     ("Muon lr 0.02, 1,200 steps", "src/train_muon.py", ["--muon-lr", "0.02", "--max-steps", "1200"]),
 ]
 
+# train_fast.py's GPT (bfloat16 autocast, compiled, Muon for the blocks): Muon's rate, the schedule's length and the
+# batch, for the fewest tokens to the target (a step of 32 blocks costs about twice one of 16 on this model); then the
+# stack without bfloat16 and without Muon, to see what each does to the steps
+FAST = "src/train_fast.py"
+FAST_SWEEP = [
+    ("batch 16, Muon 0.02, 1,200 steps", FAST, ["--muon-lr", "0.02", "--max-steps", "1200"]),
+    ("batch 16, Muon 0.02, 1,000 steps", FAST, ["--muon-lr", "0.02", "--max-steps", "1000"]),
+    ("batch 16, Muon 0.03, 1,000 steps", FAST, ["--muon-lr", "0.03", "--max-steps", "1000"]),
+    ("batch 16, Muon 0.03, 1,200 steps", FAST, ["--muon-lr", "0.03", "--max-steps", "1200"]),
+    ("batch 16, Muon 0.03, 1,100 steps", FAST, ["--muon-lr", "0.03", "--max-steps", "1100"]),
+    ("batch 16, Muon 0.03, 900 steps", FAST, ["--muon-lr", "0.03", "--max-steps", "900"]),
+    ("batch 16, Muon 0.04, 900 steps", FAST, ["--muon-lr", "0.04", "--max-steps", "900"]),
+    ("batch 16, Muon 0.04, 800 steps", FAST, ["--muon-lr", "0.04", "--max-steps", "800"]),
+    ("batch 16, Muon 0.02, AdamW's part 1.2e-2, 1,000 steps", FAST,
+     ["--muon-lr", "0.02", "--lr", "1.2e-2", "--max-steps", "1000"]),
+    ("batch 8, Muon 0.02, 2,000 steps", FAST, ["--batch-size", "8", "--muon-lr", "0.02", "--max-steps", "2000"]),
+    ("batch 32, Muon 0.02, 600 steps", FAST, ["--batch-size", "32", "--muon-lr", "0.02", "--max-steps", "600"]),
+    ("batch 32, Muon 0.03, 800 steps", FAST, ["--batch-size", "32", "--muon-lr", "0.03", "--max-steps", "800"]),
+    ("batch 16, Muon 0.02, 1,200 steps, float32", FAST,
+     ["--muon-lr", "0.02", "--max-steps", "1200", "--amp-dtype", "float32"]),
+    ("batch 16, AdamW 6e-3, 2,800 steps (--without muon)", FAST, ["--without", "muon", "--max-steps", "2800"]),
+]  # fmt: skip
 
 # The small ViT on Fashion-MNIST, train.py's 2 epochs: Muon for its blocks' matrices (the patch embedding, a
 # convolution, and the classifier head stay on AdamW) at three rates against AdamW at the ViT's default 2e-3: the
@@ -80,15 +103,18 @@ def run_one(out: Path, name: str, script: str, flags: list[str], common_flags: l
         subprocess.run(argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, check=False)
 
 
-def table(out: Path) -> str:
-    """table.md's text from metrics/: one row per configuration of SWEEP that has its metrics."""
+def table(out: Path, sweep: list = SWEEP, fast: bool = False) -> str:
+    """table.md's text from metrics/: one row per configuration of `sweep` that has its metrics (`fast`: the
+    train_fast.py sweep, whose batches differ: tokens to the target too)."""
     rows = []
-    for name, script, flags in SWEEP:
+    for name, script, flags in sweep:
         path = out / "metrics" / f"{slug(name)}.json"
         if not path.is_file():
             continue
         m = json.loads(path.read_text())
         final = m["epochs"][-1]["val_loss"] if m.get("epochs") else None
+        reached = m.get("steps_to_target")
+        tokens = f"{reached * m['global_batch'] * m['tokens_per_sample']:,}" if reached else "–"
         rows.append(
             {
                 "configuration": name,
@@ -96,6 +122,7 @@ def table(out: Path) -> str:
                 "flags": " ".join(flags),
                 "steps": m.get("steps"),
                 f"steps to {TARGET:.2f}": m.get("steps_to_target") or "not reached",
+                **({f"tokens to {TARGET:.2f}": tokens} if fast else {}),
                 "sample loss at the end": f"{m['target_sample_loss_end']:.4f}",
                 "held-out text at the end": f"{final:.4f}" if final is not None else "–",
                 "sample - whole": f"{m['target_sample_gap']:+.4f}" if m.get("target_sample_gap") is not None else "–",
@@ -103,8 +130,9 @@ def table(out: Path) -> str:
             }
         )
     env = json.loads((out / "env.json").read_text()) if (out / "env.json").is_file() else {}
+    what = "train_fast.py's batch, rates" if fast else "the GPT's optimizer, learning rate"
     head = (
-        f"# Steps to {TARGET:.2f} nats per character: the GPT's optimizer, learning rate and schedule length\n\n"
+        f"# Steps to {TARGET:.2f} nats per character: {what} and schedule length\n\n"
         f"Written by `python bench/target_sweep.py` from `metrics/`. CPU: {env.get('cpu_model', '?')}, "
         f"{env.get('cpu_count', '?')} cores; torch {env.get('torch', '?')}; commit "
         f"{(env.get('git') or {}).get('commit', '?')[:10]}. Each run: `--target-loss {TARGET:.2f} --eval-every 100`, "
@@ -150,9 +178,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="the GPT's steps to a target loss, swept")
     parser.add_argument("--out", type=Path, required=True, help="the result folder")
     parser.add_argument("--tables-only", action="store_true", help="write table.md from metrics/ only")
-    parser.add_argument("--sweep", choices=["gpt", "vit"], default="gpt", help="the GPT to 1.70, or Muon on the ViT")
+    parser.add_argument(
+        "--sweep", choices=["gpt", "fast", "vit"], default="gpt", help="the GPT to 1.70, train_fast.py's, the ViT"
+    )
     args = parser.parse_args()
-    sweep, flags, write = (SWEEP, COMMON, table) if args.sweep == "gpt" else (VIT_SWEEP, VIT_COMMON, vit_table)
+    sweep, flags, write = {
+        "gpt": (SWEEP, COMMON, table),
+        "fast": (FAST_SWEEP, COMMON, lambda out: table(out, FAST_SWEEP, fast=True)),
+        "vit": (VIT_SWEEP, VIT_COMMON, vit_table),
+    }[args.sweep]
     if not args.tables_only:
         for sub in ("logs", "metrics"):
             (args.out / sub).mkdir(parents=True, exist_ok=True)

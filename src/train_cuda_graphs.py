@@ -6,9 +6,10 @@ replays them with one launch. Its price is fixed addresses: the graph reads its 
 into, the tensors it saw at capture, so each batch is copied into a buffer allocated once, and the gradients are
 the graph's own (`zero_grad` only before the capture). The first steps run eagerly on a side stream (torch.compile
 compiles, cuDNN autotunes, lazy state is made), as torch's CUDA-graphs notes prescribe. The optimizer step stays
-outside the graph: fused AdamW takes its learning rate and beta1 as numbers that the one-cycle schedule changes every
-step, and a graph would replay the numbers of its capture. Torch's automatic way, `--compile-mode reduce-overhead` of
-train_fast.py, does the same inside torch.compile. Needs an NVIDIA GPU; on a CPU it stops in one line.
+outside the graph: fused AdamW (and Muon, for a transformer's blocks) takes its learning rate and beta1 as numbers
+that the one-cycle schedule changes every step, and a graph would replay the numbers of its capture. Torch's
+automatic way, `--compile-mode reduce-overhead` of train_fast.py, does the same inside torch.compile. Needs an NVIDIA
+GPU; on a CPU it stops in one line.
 
     python src/train_cuda_graphs.py --model cnn --batch-size 128 --max-steps 400         # on a GPU: launch-bound
     python src/train_cuda_graphs.py --model gpt --batch-size 32 --max-steps 400          # on a GPU: a small GPT
@@ -30,6 +31,11 @@ from torch.utils.data import DataLoader
 
 import common
 
+# new # begin: the GPT's recipe under Muon, where the command line leaves them out: swept for the time to 1.70 nats per
+# character (results/fast-gpt-sweep-cpu-2core-avx512bf16-2026-11-28); train.py's 2,800 steps are AdamW's. `--without
+# muon` keeps it: the ablation takes Muon out and nothing else
+RECIPE = {"gpt": {"max_steps": 1200}}
+# new # end
 parser = common.get_parser(__doc__, datasets=("fashion-mnist", "synthetic", "imagefolder"))  # new #
 parser.add_argument(  # new #
     "--amp-dtype",
@@ -53,8 +59,11 @@ parser.add_argument(  # new #
 parser.add_argument(  # new #
     "--threads", type=common.positive_int, default=None, help="DALI CPU threads (default: --workers, at least 1)"
 )
-common.cli.add_without(parser, "device-data", "fused-adamw", "cudnn-benchmark")  # new # the bench's ablation rows
-args = common.parse_args(parser)
+parser.add_argument(  # new #
+    "--muon-lr", type=float, default=None, help="Muon's peak learning rate (default per model: vit 0.01, the GPTs 0.02)"
+)
+common.cli.add_without(parser, "device-data", "fused-adamw", "cudnn-benchmark", "muon")  # new # the ablation rows
+args = common.parse_args(parser, recipe=RECIPE)  # new # the GPT's Muon recipe where the command line is silent
 # new # begin: two of torch.compile's modes capture CUDA graphs of their own, which cannot nest in this one
 if args.compile_mode in ("reduce-overhead", "max-autotune"):
     parser.error(f"--compile-mode {args.compile_mode} captures CUDA graphs of its own: use default")
@@ -65,6 +74,15 @@ if args.amp_dtype == "float32" and args.dataset == "imagefolder":
     parser.error("--amp-dtype float32 does not take --dataset imagefolder (DALI decodes into float16)")
 if "device-data" in args.without and args.dataset != "fashion-mnist":
     parser.error("--without device-data applies to --dataset fashion-mnist (the other inputs have no DataLoader here)")
+# new # end
+# new # begin: Muon where a model has transformer blocks (their 2-D matrices), at the rate train_muon.py's sweeps led
+use_muon = (args.model in common.TEXT_MODELS or args.model == "vit") and "muon" not in args.without
+if args.muon_lr is not None and not use_muon:
+    parser.error(f"--muon-lr sets Muon's rate: this run has none (--model {args.model}, --without {args.without})")
+if use_muon and args.muon_lr is None:
+    args.muon_lr = 0.01 if args.model == "vit" else 0.02
+if not use_muon and "muon" not in args.without:
+    print(f"Muon: --model {args.model} has no transformer blocks: AdamW for every parameter", flush=True)
 # new # end
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
@@ -203,7 +221,16 @@ else:  # regional: the blocks run the same code on tensors of the same shapes, s
 # new # end
 criterion = nn.CrossEntropyLoss()
 fused = "fused-adamw" not in args.without  # new #
-optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=5e-4, fused=fused)  # new # fewer kernels
+# new # begin: the blocks' 2-D weights to Muon (momentum, then an orthogonalized update); the rest to fused AdamW
+matrices = [p for block in model.blocks for p in block.parameters() if p.ndim == 2] if use_muon else []
+in_muon = {id(p) for p in matrices}
+muon = (
+    torch.optim.Muon(matrices, lr=args.muon_lr, momentum=0.95, nesterov=True, weight_decay=5e-4) if use_muon else None
+)
+optimizer = torch.optim.AdamW(
+    [p for p in model.parameters() if id(p) not in in_muon], lr=args.lr, weight_decay=5e-4, fused=fused
+)  # fused: fewer kernels
+# new # end
 scaler = torch.amp.GradScaler(device.type, enabled=amp_dtype == torch.float16)  # new # bf16 needs no loss scaling
 # new # begin: GradScaler skips a step whose float16 gradients overflowed, often the first one (its initial scale,
 # 2^16, is calibrated down over the first steps); the schedule still advances every iteration, as in train.py: a
@@ -218,12 +245,18 @@ if args.max_steps:
 start_epoch, step, epochs = 0, 0, []  # epochs: the per-epoch records, which checkpoints keep and a resume restores
 checkpoint = args.checkpoint_dir / "last.pt" if args.checkpoint_dir else None
 if args.resume and checkpoint.exists():
-    state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler)  # new # + loss scale
+    state = common.load_checkpoint(checkpoint, args, model, optimizer, device, scaler=scaler, muon=muon)  # new #
     start_epoch, step, epochs = state["epoch"], state["step"], state["epochs"]
     print(f"resumed from {checkpoint}: {start_epoch} epochs and {step} steps done", flush=True)
     common.exit_if_finished(checkpoint, step, total_steps)  # re-running a finished run: one line, exit 0
 # one-cycle schedule over this run's steps; on resume it continues at step `step` (last_epoch counts from -1)
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
+# new # begin: the same schedule around Muon's peak; its momentum stays 0.95 (OneCycleLR would cycle it)
+if use_muon:
+    muon_scheduler = torch.optim.lr_scheduler.OneCycleLR(
+        muon, max_lr=args.muon_lr, total_steps=total_steps, last_epoch=step - 1, cycle_momentum=False
+    )
+# new # end
 
 
 # new # begin: what the graph captures: forward, loss and the scaled backward (autocast keeps no cast cache in a graph)
@@ -261,7 +294,7 @@ for epoch in range(start_epoch, args.epochs):
         labels = labels.to(device, non_blocking=True)
         captured = graph is None and eager_steps == 0  # new # this step captures the graph
         if graph is None:  # new # eager steps and the capture only: a replay overwrites the gradients its graph made
-            optimizer.zero_grad(set_to_none=True)
+            model.zero_grad(set_to_none=True)  # new # both optimizers' parameters
         # new # begin: eager steps on the side stream, then the capture, then a copy into the buffers and a replay
         if graph is None and not captured:  # compiles at the first call, autotunes, makes lazy state
             warmup_stream.wait_stream(torch.cuda.current_stream())  # the batch is ready on the side stream too
@@ -282,10 +315,16 @@ for epoch in range(start_epoch, args.epochs):
         # new # end
         if args.clip_grad_norm:
             scaler.unscale_(optimizer)  # new # clip the true gradients, not the scaled ones
+            if use_muon:  # new #
+                scaler.unscale_(muon)  # new #
             nn.utils.clip_grad_norm_(model.parameters(), args.clip_grad_norm)
         scaler.step(optimizer)  # new # unscales, and skips the step if a gradient is inf/nan
+        if use_muon:  # new #
+            scaler.step(muon)  # new # each optimizer skips its step if one of its own gradients is inf/nan
         scaler.update()  # new # lower the scale after an overflow, raise it after a run of good steps
         scheduler.step()
+        if use_muon:  # new #
+            muon_scheduler.step()  # new #
         step += 1
         epoch_steps += 1
         loss_sum += loss.detach()
@@ -300,7 +339,9 @@ for epoch in range(start_epoch, args.epochs):
     meter.pause()  # synchronises: evaluation is not training time
     if preemption.stopped_at is not None:  # preempted: save this step boundary, skip the evaluation
         if checkpoint:
-            common.save_checkpoint(checkpoint, args, model, optimizer, epoch, step, epochs, scaler=scaler)  # new #
+            common.save_checkpoint(
+                checkpoint, args, model, optimizer, epoch, step, epochs, scaler=scaler, muon=muon
+            )  # new #
         break
 
     with torch.autocast(device.type, dtype=amp_dtype, enabled=args.dataset == "imagefolder"):  # new # DALI: float16
@@ -310,7 +351,9 @@ for epoch in range(start_epoch, args.epochs):
     )
     print(common.epoch_line(epochs[-1]), flush=True)
     if checkpoint:
-        common.save_checkpoint(checkpoint, args, model, optimizer, epoch + 1, step, epochs, scaler=scaler)  # new #
+        common.save_checkpoint(
+            checkpoint, args, model, optimizer, epoch + 1, step, epochs, scaler=scaler, muon=muon
+        )  # new #
     if step == total_steps:
         break
 
@@ -333,6 +376,7 @@ common.report(
     graphs_compiled=graphs,  # new # 1: compiled once, at the first step; more: graph breaks or recompiles
     recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
+    muon_lr=args.muon_lr,  # new # None: AdamW for every parameter
     compiled_blocks=sum(r is not m for r, m in zip(compiled, model)) if args.compile_regions else None,  # new #
     loader=f"DALI {'mixed' if device.type == 'cuda' else 'cpu'}" if args.dataset == "imagefolder" else None,  # new #
     workers=args.threads or max(1, args.workers) if args.dataset == "imagefolder" else None,  # new # DALI threads

@@ -34,6 +34,7 @@ import common  # noqa: E402
 EQ = "tests/test_equivalence.py::"
 GPT = "tests/test_gpt.py::"
 MUON = "tests/test_muon.py::test_muon_takes_the_block_matrices_and_three_steps_match_muon_written_out"
+MUON_FAST = "tests/test_muon.py::test_train_fast_s_gpt_takes_train_muon_s_optimizers_and_steps"
 VARLEN = "test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
 MUTATIONS = [
@@ -305,6 +306,12 @@ MUTATIONS = [
      "        muon.step()  # new # momentum, then its orthogonalized update, for the matrices\n        scheduler.step()\n"
      "        muon_scheduler.step()  # new #",
      "        scheduler.step()\n        muon_scheduler.step()  # new #\n        muon.step()  # new #", MUON),
+    ("train_fast.py", "Muon built but never stepped (the second optimizer forgotten in the stack)", "src/train_fast.py",
+     "            scaler.step(muon)  # new #", "            pass  # new #", MUON_FAST),
+    ("train_fast.py", "Muon's schedule never stepped (its rate stays at the warm-up's start)", "src/train_fast.py",
+     "            muon_scheduler.step()  # new #", "            pass  # new #", MUON_FAST),
+    ("train_fast.py", "Muon's momentum left out of last.pt (a resume restarts it from zero)", "src/train_fast.py",
+     "epoch + 1, step, epochs, scaler=scaler, muon=muon", "epoch + 1, step, epochs, scaler=scaler", MUON_FAST),
 ]  # fmt: skip
 
 

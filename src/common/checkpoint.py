@@ -202,6 +202,7 @@ def load_checkpoint(
             f"--resume: {path} has checkpoint format {found}, this code reads format {CHECKPOINT_FORMAT}; "
             "use a new --checkpoint-dir"
         )
+    holders = {name: holder for name, holder in holders.items() if holder is not None}  # (train_fast.py's cnn: no Muon)
     saved = state.get("made_by") if isinstance(state.get("made_by"), dict) else {}
     here = checkpoint_origin(args, optimizer, **holders)
     differ = [

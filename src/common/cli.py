@@ -258,13 +258,14 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
 
 
-def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
+def parse_args(parser: argparse.ArgumentParser, recipe: dict[str, dict] | None = None) -> argparse.Namespace:
     """Parse the command line, check the flags that only make sense together (argparse: usage and exit 2) and the
     outputs (`output_problem`: one line, exit 2), all before any work, and install the one-line error hook
     (`errors.install_error_hook`). A --checkpoint-dir that already holds last.pt needs --resume: a new run would
     overwrite the earlier one's checkpoint. Where the command line leaves them out, --lr, --batch-size, --epochs,
     --max-steps and --clip-grad-norm get the model's own defaults (models.DEFAULTS: what trains it well; --help names
-    them), and --dataset the model's data (text for a language model): the returned namespace holds the values used."""
+    them), and --dataset the model's data (text for a language model): the returned namespace holds the values used.
+    `recipe` ({model: {key: value}}) is a script's own defaults over the model's (train_fast.py's GPT schedule)."""
     install_error_hook()
     args = parser.parse_args()
     if "dataset" in args and args.dataset is None:  # the model's own data: text for a language model
@@ -276,7 +277,7 @@ def parse_args(parser: argparse.ArgumentParser) -> argparse.Namespace:
             parser.error(f"--dataset shakespeare is text: --model gpt or gpt2, not {args.model}")
     if "dataset" not in args and args.model in TEXT_MODELS:
         parser.error(f"{Path(sys.argv[0]).name} reads images: --model {args.model} trains on text (train.py does)")
-    defaults = DEFAULTS[args.model]  # what the model trains well with, where the command line says nothing
+    defaults = {**DEFAULTS[args.model], **(recipe or {}).get(args.model, {})}  # where the command line says nothing
     args.lr = args.lr if args.lr is not None else defaults["lr"]
     for key in ("batch_size", "epochs", "max_steps"):  # (--help names each model's default)
         if getattr(args, key) is None:
