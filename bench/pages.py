@@ -186,6 +186,9 @@ def cell_value(cell: dict, folders: Folders) -> str:
     if show == "activations":
         base = _against(cell, folders, "activation_mib")
         return fmt(r["activation_mib"], ",.1f") + " MiB" + (f" against {fmt(base, ',.1f')}" if base else "")
+    if show == "target_s":
+        base = _against(cell, folders, "time_to_target_s")
+        return fmt(r["time_to_target_s"], ".1f") + " s" + (f" against {fmt(base, '.1f')} s" if base else "")
     if show == "peak_memory":
         base = _against(cell, folders, "peak_mem_allocated_gib")
         return fmt(r["peak_mem_allocated_gib"], ".2f") + " GiB" + (f" against {fmt(base, '.2f')}" if base else "")

@@ -41,11 +41,11 @@ def parse_then_stop(self, args=None, namespace=None):
     raise Parsed
 
 
-def common_then_stop(parser):
+def common_then_stop(parser, **options):
     global inside_common
     inside_common = True
     try:
-        original_common(parser)
+        original_common(parser, **options)
     finally:
         inside_common = False
     raise Parsed
