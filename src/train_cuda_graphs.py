@@ -6,10 +6,10 @@ replays them with one launch. Its price is fixed addresses: the graph reads its 
 into, the tensors it saw at capture, so each batch is copied into a buffer allocated once, and the gradients are
 the graph's own (`zero_grad` only before the capture). The first steps run eagerly on a side stream (torch.compile
 compiles, cuDNN autotunes, lazy state is made), as torch's CUDA-graphs notes prescribe. The optimizer step stays
-outside the graph: fused AdamW (and Muon, for a transformer's blocks) takes its learning rate and beta1 as numbers
-that the one-cycle schedule changes every step, and a graph would replay the numbers of its capture. Torch's
-automatic way, `--compile-mode reduce-overhead` of train_fast.py, does the same inside torch.compile. Needs an NVIDIA
-GPU; on a CPU it stops in one line.
+outside the graph: fused AdamW takes its learning rate and beta1 (Muon, for a transformer's blocks, its learning
+rate) as numbers that the one-cycle schedule changes every step, and a graph would replay the numbers of its
+capture. Torch's automatic way, `--compile-mode reduce-overhead` of train_fast.py, does the same inside
+torch.compile. Needs an NVIDIA GPU; on a CPU it stops in one line.
 
     python src/train_cuda_graphs.py --model cnn --batch-size 128 --max-steps 400         # on a GPU: launch-bound
     python src/train_cuda_graphs.py --model gpt --batch-size 32 --max-steps 400          # on a GPU: a small GPT

@@ -135,7 +135,7 @@ def test_the_chain_page_names_the_rung_that_introduced_each_line(pages):
         ("with torch.autocast(", "train_amp.py"),
         ("images = images.to(device, non_blocking=True, memory_format=memory_format)", "train_channels_last.py"),
         ("compiled = torch.compile(model", "train_compile.py"),
-        ("fused=fused)", "train_fast.py"),
+        ("weight_decay=5e-4, fused=fused", "train_fast.py"),
     ]:
         doc = check_markers.parse(fast).docstring
         n = next(n for n, line in enumerate(fast.read_text().splitlines(), 1) if needle in line and n not in doc)

@@ -176,3 +176,5 @@ def test_train_fast_s_gpt_takes_train_muon_s_optimizers_and_steps(tmp_path):
         print(f"{name}: off by {error / moved:.1e} of its movement")
         assert error <= (0.05 * moved if matrix else 1e-3 * moved + 1e-5), f"{name}: {error:.3g} off, moved {moved:.3g}"
     assert fast["metrics"]["muon_lr"] == MUON_LR and fast["metrics"]["technique"] == "Everything stacked"
+    assert fast["metrics"]["args"]["max_steps"] == 1200  # the GPT's recipe, where the command line leaves it out
+    assert muon["metrics"]["args"]["max_steps"] == common.models.DEFAULTS["gpt"]["max_steps"]  # train.py's AdamW one
