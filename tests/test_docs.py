@@ -446,6 +446,28 @@ def test_no_committed_result_folder_carries_side_by_side_pages():
     assert not pages, pages[:5]
 
 
+def test_the_nanogpt_side_by_side_page_is_what_its_script_writes_from_its_runs(tmp_path):
+    """A nanoGPT side-by-side folder's README.md (the README's laptop line quotes it) is what `bench/nanogpt.py
+    --tables-only` writes from its runs/ now: a number typed into the page, or a run measured again without the page
+    written again, fails here. Shown to fail on one run's seconds changed in a copy."""
+    import shutil
+
+    sys.path.insert(0, str(REPO / "bench"))
+    import nanogpt
+
+    folders = [p.parent for p in sorted(RESULTS.glob("nanogpt-to-target-*/runs")) if p.is_dir()]
+    assert folders, "no results/nanogpt-to-target-*/ folder with runs/"
+    for folder in folders:
+        assert (folder / "README.md").read_text() == nanogpt.readme(folder), f"{folder.name}/README.md is stale"
+    copy = tmp_path / folders[-1].name
+    shutil.copytree(folders[-1], copy)
+    run = sorted((copy / "runs").glob("train_fast-*.json"))[0]
+    data = json.loads(run.read_text())
+    data["time_to_target_s"] += 1.0
+    run.write_text(json.dumps(data))
+    assert nanogpt.readme(copy) != (folders[-1] / "README.md").read_text()
+
+
 def test_the_tracked_tree_fits_a_gpu_lease_with_room_to_carry():
     """The device tool copies the tracked files and the carried paths, at most 64 MiB in all (../shared/device): the
     tracked files stay under 48 MiB, leaving 16 for torchao's wheel, the corpus and a compile cache. The lease of

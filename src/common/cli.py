@@ -267,6 +267,10 @@ def parse_args(parser: argparse.ArgumentParser, recipe: dict[str, dict] | None =
     them), and --dataset the model's data (text for a language model): the returned namespace holds the values used.
     `recipe` ({model: {key: value}}) is a script's own defaults over the model's (train_fast.py's GPT schedule)."""
     install_error_hook()
+    for action in parser._actions:  # --help names the script's own defaults beside the model's
+        mine = [f"{model} {keys[action.dest]}" for model, keys in (recipe or {}).items() if action.dest in keys]
+        if mine and action.help:
+            action.help += f"; this script's: {', '.join(mine)}"
     args = parser.parse_args()
     if "dataset" in args and args.dataset is None:  # the model's own data: text for a language model
         args.dataset = "shakespeare" if args.model in TEXT_MODELS else "fashion-mnist"  # (--help says so)
