@@ -267,6 +267,9 @@ def readme(out: Path) -> str:
             "embedding; ours has 823,040)."
         ),
         "",
+        f"Noise floor: {floor_text(floors['tokens_per_s'])} in tokens/s, {floor_text(floors['time_to_target_s'])} in "
+        "time to the target (the self pair's farthest ratio from 1.00x over the rounds compared).",
+        "",
         "## Method",
         "",
         (

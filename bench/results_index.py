@@ -49,12 +49,15 @@ def load_topics() -> list[dict]:
 
 
 def floor_pct(folder: Path) -> float | None:
-    """A result folder's noise floor in percent, from its table.md's header; None where it was not measured."""
-    try:
-        found = re.search(r"Noise floor: ±([\d.]+) %", (folder / "table.md").read_text())
-    except OSError:
-        return None
-    return float(found.group(1)) if found else None
+    """A result folder's noise floor in percent, from its table.md's header (else its README.md's, where a script
+    other than the bench wrote the folder: bench/nanogpt.py); None where it was not measured."""
+    for name in ("table.md", "README.md"):
+        try:
+            found = re.search(r"Noise floor: ±([\d.]+) %", (folder / name).read_text())
+        except OSError:
+            continue
+        return float(found.group(1)) if found else None
+    return None
 
 
 def tracked_folders() -> list[str]:
