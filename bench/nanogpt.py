@@ -411,7 +411,9 @@ def main() -> None:
             if len(kept) >= args.rounds:
                 break
             if k > len(kept):
-                print(f"round {k}: disturbed (a run strayed more than {100 * DISTURBED:.0f} %): one more round")
+                print(
+                    f"{k - len(kept)} round(s) disturbed (a run strayed more than {100 * DISTURBED:.0f} %): one more round"
+                )
             for name in order(k):
                 r = run(args.out, args.nanogpt, name, k)
                 print(f"round {k + 1}, {name}: {r['time_to_target_s']} s to {TARGET:.2f}, {r['tokens_per_s']:.0f} "
