@@ -6,4 +6,5 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 bash bench/setup.sh
-exec "${PYTHON:-python3}" bench/bench.py "$@"
+. bench/python.sh  # the Python set-up installed into: $PYTHON, the active environment, .venv/ or python3
+exec "$(project_python)" bench/bench.py "$@"

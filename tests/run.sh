@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash bench/setup.sh --test
+. bench/python.sh  # the Python set-up installed into: $PYTHON, the active environment, .venv/ or python3
 # Two processes, one test file each at a time (--dist loadfile: a file's module fixtures run once): most tests wait on
 # subprocesses that start Python and torch, so two at a time finish sooner on 2 cores.
 workers=${PYTEST_WORKERS:-2}
@@ -16,4 +17,4 @@ case $workers in
   *) threads=$(( $(nproc 2>/dev/null || echo 2) / workers )); [ "$threads" -ge 1 ] || threads=1
      export OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} ;;
 esac
-exec "${PYTHON:-python3}" -m pytest tests -n "$workers" --dist loadfile "$@"
+exec "$(project_python)" -m pytest tests -n "$workers" --dist loadfile "$@"

@@ -1,0 +1,31 @@
+# Which Python the project runs: sourced by bench/setup.sh, run_all.sh and tests/run.sh (not run on its own).
+#   project_python   prints the interpreter: $PYTHON when set; the active environment's python3 when a virtual
+#                    environment or conda is active; else .venv/bin/python when set-up made one (because the system's
+#                    Python is externally managed, PEP 668); else python3.
+#   refuses_packages INTERPRETER   succeeds when pip cannot install into it: externally managed (PEP 668: an
+#                    EXTERNALLY-MANAGED file in its stdlib, outside a virtual environment) or without pip.
+# It changes nothing in the shell that sources it but these two functions.
+
+project_python() {
+  if [ -n "${PYTHON:-}" ]; then
+    echo "$PYTHON"
+  elif [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]; then
+    echo python3
+  elif [ -x .venv/bin/python ]; then
+    echo .venv/bin/python
+  else
+    echo python3
+  fi
+}
+
+refuses_packages() {
+  "$1" - <<'PY' 2>/dev/null
+import os, sys, sysconfig
+managed = sys.prefix == sys.base_prefix and os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
+try:
+    import pip  # noqa: F401
+except ImportError:
+    managed = True
+sys.exit(0 if managed else 1)
+PY
+}
