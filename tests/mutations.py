@@ -312,6 +312,9 @@ MUTATIONS = [
      "            muon_scheduler.step()  # new #", "            pass  # new #", MUON_FAST),
     ("train_fast.py", "Muon's momentum left out of last.pt (a resume restarts it from zero)", "src/train_fast.py",
      "epoch + 1, step, epochs, scaler=scaler, muon=muon", "epoch + 1, step, epochs, scaler=scaler", MUON_FAST),
+    ("setup.sh", "an externally managed Python (PEP 668) taken for one pip installs into", "bench/python.sh",
+     "sys.exit(0 if managed else 1)", "sys.exit(1)",
+     "tests/test_setup.py::test_an_externally_managed_system_python_gets_a_virtual_environment_in_the_repository"),
 ]  # fmt: skip
 
 
@@ -329,10 +332,12 @@ def check(mutation) -> str | None:
 
 
 def copy_of_the_project(into: Path) -> Path:
-    """src/, tests/ and bench/ copied into `into` (no caches), data/ linked; returns the copy's root."""
+    """src/, tests/, bench/ and requirements.txt copied into `into` (no caches), data/ linked; returns the copy's
+    root."""
     root = into / "project"
     for folder in ("src", "tests", "bench"):
         shutil.copytree(REPO / folder, root / folder, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copy(REPO / "requirements.txt", root / "requirements.txt")  # set-up's tests read it
     if (REPO / "data").exists():
         (root / "data").symlink_to(REPO / "data")
     return root

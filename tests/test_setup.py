@@ -1,0 +1,124 @@
+"""bench/setup.sh's choice of a Python, without the network: `--plan` says which interpreter set-up would install
+into and why, and changes nothing. An externally managed system Python (PEP 668: Debian 12, Ubuntu 23.04+) gets a
+virtual environment in .venv/; an active environment, $PYTHON and an earlier .venv/ are used as they are; a .venv/
+left without pip is made again; bench/activate.sh makes .venv/ the shell's `python`."""
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+SYSTEM_PYTHON = Path("/usr/bin/python3")
+
+
+def system_python_is_externally_managed() -> bool:
+    """Whether /usr/bin/python3 exists and is externally managed (PEP 668), read by that interpreter itself."""
+    if not SYSTEM_PYTHON.exists():
+        return False
+    probe = "import os, sys, sysconfig; print(os.path.isfile(os.path.join(sysconfig.get_path('stdlib'), 'EXTERNALLY-MANAGED')))"
+    out = subprocess.run([str(SYSTEM_PYTHON), "-c", probe], capture_output=True, text=True)
+    return out.stdout.strip() == "True"
+
+
+def tree(tmp_path: Path) -> Path:
+    """A copy of what set-up's choice reads: bench/setup.sh, bench/python.sh, bench/activate.sh, requirements.txt."""
+    root = tmp_path / "repo"
+    (root / "bench").mkdir(parents=True)
+    for name in ("bench/setup.sh", "bench/python.sh", "bench/activate.sh", "requirements.txt"):
+        shutil.copy(REPO / name, root / name)
+    return root
+
+
+def wrapper(path: Path, target: str) -> Path:
+    """An executable at `path` that runs `target` with its arguments (a python3 or .venv/bin/python stand-in)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f'#!/bin/sh\nexec "{target}" "$@"\n')
+    path.chmod(0o755)
+    return path
+
+
+def clean_env(path: str, **extra: str) -> dict:
+    """The environment of a fresh login: no PYTHON, no active virtual environment or conda, PATH as given."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "VIRTUAL_ENV", "CONDA_PREFIX", "PYTHONPATH")}
+    return {**env, "PATH": path, **extra}
+
+
+def plan(root: Path, env: dict, *flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", str(root / "bench/setup.sh"), "--plan", *flags], env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+@pytest.mark.skipif(not system_python_is_externally_managed(), reason="needs an externally managed /usr/bin/python3")
+def test_an_externally_managed_system_python_gets_a_virtual_environment_in_the_repository(tmp_path):
+    """PATH=/usr/bin:/bin, as a fresh Debian user has it: set-up says in one line that it installs into .venv/."""
+    root = tree(tmp_path)
+    done = plan(root, clean_env("/usr/bin:/bin"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("setup:")]
+    assert len(lines) == 1 and "externally managed" in lines[0] and ".venv/" in lines[0], done.stdout
+    assert not (root / ".venv").exists(), "--plan must change nothing"
+
+
+@pytest.mark.skipif(not system_python_is_externally_managed(), reason="needs an externally managed /usr/bin/python3")
+def test_python_set_to_an_externally_managed_interpreter_is_refused_in_one_line(tmp_path):
+    """$PYTHON is the user's choice: set-up does not replace it by a virtual environment; it stops, in one line."""
+    done = plan(tree(tmp_path), clean_env("/usr/bin:/bin", PYTHON=str(SYSTEM_PYTHON)))
+    assert done.returncode == 2
+    assert len(done.stderr.strip().splitlines()) == 1 and "PYTHON" in done.stderr, done.stderr
+
+
+def test_an_earlier_virtual_environment_in_the_repository_is_used(tmp_path):
+    """A .venv/ that an earlier set-up made (here: a stand-in running this interpreter, which has every package)."""
+    root = tree(tmp_path)
+    wrapper(root / ".venv/bin/python", sys.executable)
+    done = plan(root, clean_env("/usr/bin:/bin"), "--test")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "setup: plan: .venv/bin/python has every package; nothing to install"
+
+
+def test_an_active_virtual_environment_is_used_as_it_is(tmp_path):
+    """VIRTUAL_ENV set: its python3 (first on PATH) is the one, even where a .venv/ exists."""
+    root = tree(tmp_path)
+    wrapper(root / ".venv/bin/python", "/nonexistent/python")
+    bin_dir = tmp_path / "active" / "bin"
+    wrapper(bin_dir / "python3", sys.executable)
+    done = plan(root, clean_env(f"{bin_dir}:/usr/bin:/bin", VIRTUAL_ENV=str(bin_dir.parent)), "--test")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "setup: plan: python3 has every package; nothing to install"
+
+
+def test_a_virtual_environment_left_without_pip_is_made_again(tmp_path):
+    """A Ctrl-C during `python3 -m venv` can leave .venv/ without pip: set-up says so and makes it again."""
+    root = tree(tmp_path)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True)
+    done = plan(root, clean_env("/usr/bin:/bin"))
+    assert done.returncode == 0, done.stderr
+    assert "has no pip" in done.stdout and "making it again" in done.stdout, done.stdout
+
+
+def test_activate_makes_the_repository_s_virtual_environment_this_shell_s_python(tmp_path):
+    """`. bench/activate.sh` from the repository's root: `python` is then .venv/bin/python."""
+    root = tree(tmp_path)
+    base = sysconfig.get_config_var("BINDIR") + "/python3"  # the base interpreter: a venv of a venv is not made
+    subprocess.run([base if Path(base).exists() else sys.executable, "-m", "venv", "--without-pip", ".venv"],
+                   cwd=root, check=True)
+    done = subprocess.run(
+        ["bash", "-c", ". bench/activate.sh && command -v python"],
+        cwd=root, env=clean_env("/usr/bin:/bin"), capture_output=True, text=True, timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == str(root / ".venv/bin/python"), done.stdout
+
+
+def test_the_two_commands_run_the_python_that_set_up_chose():
+    """run_all.sh and tests/run.sh take their interpreter from bench/python.sh after set-up, not `python3` alone."""
+    for script in ("run_all.sh", "tests/run.sh"):
+        text = (REPO / script).read_text()
+        assert ". bench/python.sh" in text and '"$(project_python)"' in text, script
+        assert "${PYTHON:-python3}" not in text, script
