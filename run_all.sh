@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The main job: set-up when missing (packages, Fashion-MNIST), then the bench on this machine's hardware, then the table.
+# The main job: set-up when missing (packages, data; into .venv/ where the system's Python refuses packages), then the
+# bench on this machine's hardware: tables, plots, logs in --out, and a summary that fits a terminal at the end.
 #   bash run_all.sh                               # profile auto: gpu when CUDA is present, else cpu
 #   bash run_all.sh --profile cpu --out results/my-laptop
 # Flags go to bench/bench.py (--profile, --out, --repeats, --matrix). Results land in --out (default results/local/PROFILE).

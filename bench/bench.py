@@ -36,12 +36,13 @@ The runner's modules, beside this file (this file is the entry point and the flo
                  count_flops_per_image
     cells.py     a table cell's text (numbers, ratios, statuses) and the hardware line
     tables.py    table.md, ladder.md, the memory / sweep / ablation / input-pipeline tables, peak.md
+    terminal.py  what a run prints at its end: each rung's ratio and verdict, the noise floor, where the files are
     plots.py     the PNGs: throughput, accuracy vs time, memory, data-wait, ladder, sweeps
     diff_pages.py  index.html and the side-by-side page of each technique against its base
     zygote.py    the fork server single-process runs start from (torch imported once; the clean-fork check)
     estimate.py  --dry-run: each planned run's seconds from the recorded runs of earlier result folders
     overhead.py  (a command of its own) where runs' seconds go, folder against folder: steps, compile, the rest
-    lease.sh     (a command of its own) what a lent GPU machine runs: the gpu profile in one call, packed for the trip
+    lease.sh     (a command of its own) for a GPU rented by the quarter-hour: a profile under a time limit, packed
 """
 
 from __future__ import annotations
@@ -61,7 +62,7 @@ import diff_pages  # noqa: E402
 import estimate  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from cells import hardware_line, provenance_line  # noqa: E402
+from cells import RATIO_STATISTICS, hardware_line, provenance_line  # noqa: E402
 from peak import gemm_peak_in_a_child, peak_line  # noqa: E402
 import pairs  # noqa: E402
 from plots import plot  # noqa: E402
@@ -69,6 +70,7 @@ from profiles import fail, load_profile, skip_reason  # noqa: E402
 from runs import Stop, command, execute, finished_rows, relabel, run_paths, settle_fresh  # noqa: E402
 from summary import summarise  # noqa: E402
 from tables import ladder_markdown, noise_line, peak_table, table_markdown  # noqa: E402
+from terminal import end_of_run  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 import zygote  # noqa: E402
 
@@ -112,12 +114,11 @@ def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, p
         common.io.atomic_write_text(
             out / "ladder.md",
             f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{provenance_line(out, env)}\n\n"
-            f"{noise_line(noise)}\n\n{ladders}",
+            f"{noise_line(noise)}\n\n{RATIO_STATISTICS}\n\n{ladders}",
         )
     plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}", floor)
     diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
-    print(table_md)
-    print(f"bench: tables, plots and the side-by-side pages are in {out} (open {out / 'index.html'})")
+    print(end_of_run(summary, env, noise, out))  # the wide tables stay in table.md: a terminal gets what pays here
     return summary
 
 

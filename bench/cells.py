@@ -192,6 +192,14 @@ def _rate_noise_line(noise: dict | None) -> str:
     )
 
 
+RATIO_STATISTICS = (
+    "A ratio and the rates beside it are different statistics: a ratio is the median of its pairs' ratios (a pair's "
+    "speed ratio from its two runs' median blocks of steps), a rate the median of the row's runs over their whole "
+    "windows; so × its base need not equal the ratio of the two rates shown, and the two differ where the pairs "
+    "spread or a row's runs moved."
+)  # the header of table.md and ladder.md says so where a reader sees both
+
+
 def folder_commit(out, env: dict) -> tuple[str | None, bool | None, str]:
     """(commit, dirty, where it is recorded) of the code that made the result folder `out`: its provenance.json's
     commit when there is one (a correction, with its reason in its `note`: e.g. a GPU machine whose stale .git named
@@ -199,8 +207,8 @@ def folder_commit(out, env: dict) -> tuple[str | None, bool | None, str]:
     import json
     from pathlib import Path
 
-    override = Path(out) / "provenance.json"
-    if override.is_file():
+    override = Path(out) / "provenance.json" if out is not None else None
+    if override is not None and override.is_file():
         record = json.loads(override.read_text())
         return record.get("commit"), record.get("dirty"), f"provenance.json ({record.get('note', '')})"
     git = env.get("git") or {}
@@ -208,27 +216,19 @@ def folder_commit(out, env: dict) -> tuple[str | None, bool | None, str]:
 
 
 def provenance_line(out, env: dict) -> str:
-    """Whether the scripts as they are now made the folder: its commit, whether that commit is in this repository's
-    history, and which files of src/ changed since (git diff), or that none did. One line for the table's header."""
-    import subprocess
-    from pathlib import Path
-
-    repo = Path(__file__).resolve().parent.parent
+    """The folder's provenance for the table's header, in words that stay true when src/ changes: the commit of the
+    scripts that made it, whether their tree was clean, where the commit was read (env.json, or provenance.json's
+    correction), and the command that shows what src/ has changed since. No git is run: what changed is git's to
+    say on the day it is asked, not the page's."""
     commit, dirty, where = folder_commit(out, env)
     if not commit:
-        return "Provenance: no commit recorded: not comparable with the current scripts."
-
-    def git(*argv: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["git", "-C", str(repo), *argv], capture_output=True, text=True)
-
-    if git("cat-file", "-e", f"{commit}^{{commit}}").returncode != 0:
-        return f"Provenance: commit {commit[:10]} ({where}) is not in this repository's history."
-    changed = git("diff", "--name-only", commit, "HEAD", "--", "src/").stdout.split()
-    state = " with uncommitted changes" if dirty else ""
-    if not changed and not dirty:
-        return f"Provenance: made by the current scripts (commit {commit[:10]}, {where}; src/ unchanged since)."
-    files = ", ".join(Path(f).name for f in changed[:8]) + (f" and {len(changed) - 8} more" if len(changed) > 8 else "")
+        return "Provenance: no commit recorded (env.json names none)."
+    short = commit[:10]
+    tree = {True: ", with uncommitted changes", False: ", a clean tree"}.get(dirty, "")
+    source = "provenance.json: a correction of env.json, its note says why" if where.startswith("provenance") else where
+    if dirty is None:
+        source += ", which does not record whether that tree was clean"
     return (
-        f"Provenance: made by an older version of the scripts: commit {commit[:10]}{state} ({where}); src/ has "
-        f"changed since in {files or 'uncommitted files'}."
+        f"Provenance: made by the scripts of commit {short}{tree} (read from {source}); what src/ has changed "
+        f"since: `git diff --stat {short} -- src/`."
     )

@@ -177,8 +177,9 @@ def compile_group(key: tuple) -> tuple:
 
 def match(key: tuple, costs: dict[tuple, Recorded]) -> tuple[Recorded | None, float, str]:
     """(the record a configuration's cost comes from, the factor on its time per step, how it was found), trying in
-    turn: the same work; the same script and flags at another batch size; the same flags under another script (a
-    compiling one first where this one compiles); at another batch size both times the step's time scaled by the
+    turn: the same work; the same script and flags at another batch size; the same script and flags but for
+    `--without` (one change apart); the same flags under another script (a compiling one first where this one
+    compiles); at another batch size both times the step's time scaled by the
     batch (linear, so an estimate from a smaller batch errs long); else the slowest configuration of the same model and
     shape under another precision ("like ..."); else (None, 0, "no record ...")."""
     if key in costs:
@@ -194,6 +195,12 @@ def match(key: tuple, costs: dict[tuple, Recorded]) -> tuple[Recorded | None, fl
     same_script = [(k, c) for k, c in costs.items() if _without(k, "--batch-size") == _without(key, "--batch-size")]
     if same_script:
         return closest(same_script, "")
+    # the same script and flags but another --without: one change apart (an ablation, or a row that leaves out what
+    # its record's scripts did not have yet: train_fast.py's GPT-2 rows of 2026-11-28 predate its Muon)
+    bare = _without(_without(key, "--batch-size"), "--without")
+    ablated = [(k, c) for k, c in costs.items() if _without(_without(k, "--batch-size"), "--without") == bare]
+    if ablated:
+        return closest(ablated, "as (but for --without) ")
     flags = _without(key, "--batch-size")[1]
     other_script = [(k, c) for k, c in costs.items() if _without(k, "--batch-size")[1] == flags]
     if other_script:

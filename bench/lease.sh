@@ -1,24 +1,26 @@
 #!/usr/bin/env bash
-# The prepared GPU lease: what one call of the device tool runs on a bare GPU machine (torch, pandas and matplotlib
-# there; no package registry, no DALI), within the call's 10 minutes. docs/bench.md ("A GPU lease") gives the call,
-# and what the first lease taught: one call is the whole lease (the machine goes back 30 s after it), and the tree
-# must be under 64 MiB (results/ out of the index for the call).
+# The prepared command for a GPU machine rented by the quarter-hour (torch, pandas and matplotlib there; a package
+# index and DALI not needed): a profile under a time limit, a safe stop at that limit, one packed folder to bring back,
+# and torch.compile's cache kept for the next quarter-hour. docs/bench.md ("On a GPU rented by the quarter-hour") says
+# what to copy there and back: a fresh machine keeps nothing of the last one.
 #
 #   bash bench/lease.sh                       # profile gpu into results/gpu-<card>-<date>/, packed into $OUT
-#   bash bench/lease.sh gpu-more              # a later lease: float8, the small CNN's CUDA graphs (a folder of its own)
+#   bash bench/lease.sh gpu-more              # a later quarter-hour: float8, the small CNN's CUDA graphs (a folder of its own)
 #   bash bench/lease.sh gpu-rest              # and the one after: activation checkpointing, varlen, attention
 #   LEASE_S=540 bash bench/lease.sh gpu       # the seconds the bench may take before it is stopped (default 540)
 #
-# 1. Wheels carried in .whl/ (torchao) are installed into /tmp/site, without a registry, and put on PYTHONPATH.
+# 1. Wheels copied along in .whl/ (torchao) are installed into /tmp/site, without a package index, and put on
+#    PYTHONPATH.
 # 2. The bench runs the profile under `timeout`: at LEASE_S it gets SIGTERM, stops at the next safe point and writes
-#    the tables of the runs that finished (`--resume` with the same --out runs the rest, in a later lease).
-#    torch.compile's cache goes to .cache/inductor (TORCHINDUCTOR_CACHE_DIR): a configuration's later runs load what
-#    its first compiled.
-# 3. Packed for the trip back (at most 8 files come back): $OUT/<folder>.tgz (the result folder: logs, metrics,
-#    tables, plots), $OUT/console.log, $OUT/nvidia-smi.txt, and $OUT/compile-cache.tgz when it is under 16 MiB.
-# The data must travel with the call: data/shakespeare (the GPT rows) and, for gpu-more's small CNN, the four
-# Fashion-MNIST files in data/ (carry both, with .whl). SPEEDUPS_COMMIT names the commit the tree was copied from
-# (the tree travels without .git).
+#    the tables of the runs that finished (`--resume` with the same --out runs the rest, on this machine or on the
+#    next one with the folder copied back). torch.compile's cache goes to .cache/inductor (TORCHINDUCTOR_CACHE_DIR):
+#    a configuration's later runs load what its first compiled.
+# 3. Packed to bring back, in $OUT (default /tmp/lease-out): <folder>.tgz (the result folder: logs, metrics, tables,
+#    plots), console.log, nvidia-smi.txt, and compile-cache.tgz when it is under 16 MiB (unpack it into .cache/ on
+#    the next machine).
+# The data travel with the tree: data/shakespeare (the GPT rows) and, for gpu-more's small CNN, the four Fashion-MNIST
+# files in data/. SPEEDUPS_COMMIT names the commit the tree was copied from, for env.json and the tables, when the
+# tree travels without .git.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-gpu}

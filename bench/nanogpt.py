@@ -220,33 +220,15 @@ def order(round_: int) -> list[str]:
     return names if round_ % 2 == 0 else names[::-1]
 
 
-def readme(out: Path) -> str:
-    """README.md's text from runs/, logs/ and env.json."""
+def measured(out: Path) -> dict:
+    """What the folder measured, read from runs/: `by` {(run name, round): result}, `every` round, `rounds` compared
+    (complete and undisturbed), `floors` {"time_to_target_s", "tokens_per_s": the self pair's noise floor, a fraction,
+    or None}, `comparisons` [{"comparison", "x sooner to 1.70", "tokens/s x": the cells of bench/pairs.py}], keyed
+    also by (a, b) in `cells`, and `median` {run name: median seconds of training to the target over the rounds}.
+    README.md and the pages that quote this folder (bench/pages.py) read the same cells."""
     by = load(out)
     every = sorted({k for _, k in by})
     rounds = [k for k in every if complete(by, k) and not disturbed(by, k)]  # the rounds compared
-    env = json.loads((out / "env.json").read_text())
-    rows = []
-    for k in every:
-        for name in order(k):
-            r = by.get((name, k))
-            if r is None:
-                continue
-            reached = r["time_to_target_s"]
-            rows.append(
-                {
-                    "round": f"{k + 1}"
-                    + ("" if k in rounds else " (disturbed: left out)" if complete(by, k) else " (unfinished)"),
-                    "run": name,
-                    f"seconds to {TARGET:.2f}": f"{reached:.1f}" if reached is not None else "not reached",
-                    "steps": r["steps_to_target"] or "–",
-                    "characters": f"{r['steps_to_target'] * r['tokens_per_step']:,}" if r["steps_to_target"] else "–",
-                    "tokens/s": f"{r['tokens_per_s']:,.0f}",
-                    "whole process (s)": f"{r['wall_s']:.1f}",
-                    "held-out loss at the end": f"{r['loss_end']:.4f}" if r.get("loss_end") is not None else "–",
-                    "log": f"[log]({r['log']})",
-                }
-            )
 
     def ratios(a: str, b: str, key: str, sooner: bool) -> list[float]:
         """b's key over a's per round (sooner: a's seconds over b's), rounds where both ran and both reached."""
@@ -276,10 +258,6 @@ def readme(out: Path) -> str:
             }
         )
 
-    def floor_text(value):
-        return f"±{100 * value:.1f} %" if value is not None else "not measured (fewer than 3 rounds)"
-
-    git = env.get("git") or {}
     median = {
         name: statistics.median(
             by[(name, k)]["time_to_target_s"]
@@ -289,6 +267,45 @@ def readme(out: Path) -> str:
         for name in RUNS
         if any(by.get((name, k)) and by[(name, k)]["time_to_target_s"] is not None for k in rounds)
     }
+    cells = {pair: line for pair, line in zip(comparisons, lines)}
+    return {"by": by, "every": every, "rounds": rounds, "floors": floors, "comparisons": lines, "cells": cells,
+            "median": median}
+
+
+def readme(out: Path) -> str:
+    """README.md's text from runs/, logs/ and env.json."""
+    found = measured(out)
+    by, every, rounds, floors, lines, median = (
+        found[k] for k in ("by", "every", "rounds", "floors", "comparisons", "median")
+    )
+    env = json.loads((out / "env.json").read_text())
+
+    def floor_text(value):
+        return f"±{100 * value:.1f} %" if value is not None else "not measured (fewer than 3 rounds)"
+
+    rows = []
+    for k in every:
+        for name in order(k):
+            r = by.get((name, k))
+            if r is None:
+                continue
+            reached = r["time_to_target_s"]
+            rows.append(
+                {
+                    "round": f"{k + 1}"
+                    + ("" if k in rounds else " (disturbed: left out)" if complete(by, k) else " (unfinished)"),
+                    "run": name,
+                    f"seconds to {TARGET:.2f}": f"{reached:.1f}" if reached is not None else "not reached",
+                    "steps": r["steps_to_target"] or "–",
+                    "characters": f"{r['steps_to_target'] * r['tokens_per_step']:,}" if r["steps_to_target"] else "–",
+                    "tokens/s": f"{r['tokens_per_s']:,.0f}",
+                    "whole process (s)": f"{r['wall_s']:.1f}",
+                    "held-out loss at the end": f"{r['loss_end']:.4f}" if r.get("loss_end") is not None else "–",
+                    "log": f"[log]({r['log']})",
+                }
+            )
+
+    git = env.get("git") or {}
     sample = ""
     first = by.get(("train.py", every[0])) if every else None
     if first:

@@ -8,7 +8,9 @@ of. A page without the markers gets the block before its "## Same training" sect
     python bench/pages.py --check    # exit 1 if a page's block is not what this would write (tests/test_docs.py)
 
 The README's "Every technique, measured" table is written the same way, between the same markers: which row of
-which current folder each of its cells quotes is bench/readme_table.toml's, the numbers are the folders'.
+which current folder each of its cells quotes is bench/readme_table.toml's, the numbers are the folders'. So is the
+README's first screen (the paragraphs under its Quick start, between FIRST_BEGIN and FIRST_END): its words are
+readme_table.toml's [first_screen] text, each {name} in it a cell of [first_screen.cells].
 
 A verdict is printed as the folder's floor allows it now (bench/pairs.py): "no measurable difference" from a floor
 wider than NOISY_FLOOR reads "no verdict: noise floor ±N %" (an older folder's summary may say otherwise).
@@ -38,6 +40,8 @@ from tables import compared_cell  # noqa: E402
 
 BEGIN = "<!-- measured: written by bench/pages.py from results/current.toml's folders; do not edit -->"
 END = "<!-- /measured -->"
+FIRST_BEGIN = "<!-- first screen: written by bench/pages.py from bench/readme_table.toml and the folders; do not edit -->"
+FIRST_END = "<!-- /first screen -->"
 PAGES = REPO / "docs" / "techniques"
 README = REPO / "README.md"
 README_TABLE = REPO / "bench" / "readme_table.toml"
@@ -189,6 +193,8 @@ def cell_value(cell: dict, folders: Folders) -> str:
     if show == "target_s":
         base = _against(cell, folders, "time_to_target_s")
         return fmt(r["time_to_target_s"], ".1f") + " s" + (f" against {fmt(base, '.1f')} s" if base else "")
+    if show == "target_steps":
+        return fmt(r["steps_to_target"], ",.0f")
     if show == "peak_memory":
         base = _against(cell, folders, "peak_mem_allocated_gib")
         return fmt(r["peak_mem_allocated_gib"], ".2f") + " GiB" + (f" against {fmt(base, '.2f')}" if base else "")
@@ -258,6 +264,50 @@ def readme_table(spec: dict, folders: Folders) -> str:
     return "\n".join([BEGIN, *lines, END])
 
 
+def first_screen_value(cell: dict, folders: Folders) -> str:
+    """One {name} of the first screen: a table cell (cell_value; a time to the target's verdict in its own words,
+    sooner / later), or, by `show`: "folder" (a link to the topic's folder), "machine" (what it ran on),
+    "run_all_time" (the wall time that the folder's run_all-time.txt records, and how many runs its runs.csv holds),
+    "nanogpt" (nanoGPT side by side: `run` against `against`, × sooner in its rounds, bench/nanogpt.py's cell)."""
+    show = cell["show"]
+    folder = REPO / "results" / folders.folder(cell["topic"])
+    if show == "folder":
+        page = "table.md" if (folder / "table.md").is_file() else "README.md"
+        return f"[`{folder.name}/`](results/{folder.name}/{page})"
+    if show == "machine":
+        return machine(folders.env(cell["topic"]))
+    if show == "run_all_time":
+        try:
+            wall = re.search(r"wall (\d+) min ([\d.]+) s", (folder / "run_all-time.txt").read_text())
+            runs = len(pd.read_csv(folder / "runs.csv"))
+        except (OSError, pd.errors.EmptyDataError) as error:
+            raise SystemExit(f"pages.py: error: {folder.name}: {error}")
+        if wall is None:
+            raise SystemExit(f"pages.py: error: {folder.name}/run_all-time.txt has no 'wall M min S s' line")
+        return f"{wall[1]} min {float(wall[2]):.0f} s ({runs} runs)"
+    if show == "nanogpt":
+        import nanogpt  # bench/nanogpt.py: the side by side's own cells
+
+        line = nanogpt.measured(folder)["cells"].get((cell["against"], cell["run"]))
+        if line is None:
+            raise SystemExit(f"pages.py: error: {folder.name} compares no {cell['run']} against {cell['against']}")
+        return line[f"x sooner to {nanogpt.TARGET:.2f}"]
+    text = cell_value(cell, folders)
+    return text.replace(", faster", ", sooner").replace(", slower", ", later") if show == "sooner" else text
+
+
+def first_screen(spec: dict, folders: Folders) -> str:
+    """The README's first screen between FIRST_BEGIN and FIRST_END: [first_screen]'s text with each {name} replaced
+    by its cell. Raises SystemExit (one line) on a name without a cell."""
+    screen = spec.get("first_screen") or {}
+    values = {name: first_screen_value(cell, folders) for name, cell in screen.get("cells", {}).items()}
+    try:
+        text = screen.get("text", "").strip().format(**values)
+    except (KeyError, IndexError, ValueError) as error:
+        raise SystemExit(f"pages.py: error: {README_TABLE.name} [first_screen]: no cell for {error}")
+    return "\n".join([FIRST_BEGIN, text, FIRST_END])
+
+
 def load_readme_spec() -> dict:
     try:
         return tomllib.loads(README_TABLE.read_text())
@@ -284,7 +334,13 @@ def main() -> None:
     readme = README.read_text()
     if BEGIN not in readme or END not in readme:
         raise SystemExit(f"pages.py: error: README.md has no {BEGIN} ... {END} for its table")
-    new = with_block(readme, readme_table(load_readme_spec(), Folders(topics)))
+    spec, folders = load_readme_spec(), Folders(topics)
+    new = with_block(readme, readme_table(spec, folders))
+    if FIRST_BEGIN in new and FIRST_END in new:
+        start, end = new.index(FIRST_BEGIN), new.index(FIRST_END) + len(FIRST_END)
+        new = new[:start] + first_screen(spec, folders) + new[end:]
+    else:
+        raise SystemExit(f"pages.py: error: README.md has no {FIRST_BEGIN} ... {FIRST_END} for its first screen")
     if new != readme:
         stale.append(README.relative_to(REPO))
         if not args.check:

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pandas as pd
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 import common
 
@@ -175,11 +174,11 @@ def peak_line(env: dict) -> str:
 
 def count_flops_per_image(model: str, channels: int, image_size: int) -> float:
     """Training FLOPs of one image (forward + backward of `model` on a (2, channels, image_size, image_size) float32
-    batch, cross-entropy loss), counted with torch.utils.flop_counter.FlopCounterMode on the CPU, divided by 2. The
-    count depends on the shapes only, not on the device, dtype or memory format: the same number the Meter counts
-    in a run."""
+    batch, cross-entropy loss), counted with the Meter's counter (`common.meter.flop_counter`: torch.utils.flop_counter,
+    causal attention over the lower triangle) on the CPU, divided by 2. The count depends on the shapes only, not on
+    the device, dtype or memory format: the same number the Meter counts in a run."""
     net = common.build_model(model, channels, image_size)
     x, y = torch.randn(2, channels, image_size, image_size), torch.tensor([0, 1])
-    with FlopCounterMode(display=False) as counter:
+    with common.meter.flop_counter() as counter:
         torch.nn.functional.cross_entropy(net(x), y).backward()
     return counter.get_total_flops() / 2

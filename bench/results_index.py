@@ -1,6 +1,7 @@
 """results/README.md, the index of the committed results: for each topic of results/current.toml its current folder,
 then every other folder with the pages that still cite it, then the mutation tables and the archive. Each line's
-machine, date, commit, noise floor and verdicts are read from the folder (env.json, table.md), never typed.
+machine, date, commit, noise floor, runs' time and verdicts are read from the folder (env.json or provenance.json,
+table.md or README.md, runs.csv, summary.csv) the way its pages read it, never typed.
 
     python bench/results_index.py            # write results/README.md
     python bench/results_index.py --check    # exit 1 if results/README.md is not what this would write
@@ -17,7 +18,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
 RESULTS = REPO / "results"
 PAGES = ["README.md", "docs/*.md", "docs/techniques/*.md"]
 MAIN_FILES = ("table.md", "README.md", "overhead.md", "cost.json")  # what a folder's link opens, the first it has
@@ -25,9 +26,14 @@ HEADER = """# Results
 
 Written by `python bench/results_index.py` from [`current.toml`](current.toml) (which folder stands for each topic)
 and the folders themselves; do not edit. Every folder holds the logs, metrics and `env.json` of the runs its numbers
-come from. *Floor*: the noise floor, the largest spread of a row against a copy of itself (a comparison inside it is
-"no measurable difference"); *verdicts*: its comparisons (each row against its base, from its `summary.csv`) by
-verdict: faster, slower, within the floor, disturbed, or no verdict (too few pairs, no floor). Your own runs go to `results/local/` (not committed).
+come from. *Scripts' commit*: the commit its tables' provenance line names (`provenance.json`'s correction where a
+folder has one, else `env.json`'s), "(dirty)" where that tree had uncommitted changes; `git diff --stat COMMIT -- src/`
+shows what changed since. *Floor*: the noise floor, the largest spread of a row against a copy of itself, from the
+folder's `table.md` (else its `README.md`); a comparison inside it is "no measurable difference". *Runs' time*: the
+wall seconds of the folder's runs summed (`runs.csv`; the bench's own seconds and the set-up left out). *Verdicts*:
+its comparisons (each row against its base, from its `summary.csv`) by verdict as its floor allows them, as the
+technique pages print them: faster, slower, within the floor, disturbed, or no verdict (too few pairs; no floor
+measured; "no difference" within a floor wider than ±{noisy:.0f} %). Your own runs go to `results/local/` (not committed).
 """
 
 
@@ -103,31 +109,53 @@ def verdict_word(verdict: str) -> str:
                 "no verdict")  # fmt: skip
 
 
-def verdicts_of(folder: Path, floor: str) -> str:
+def target_floor_pct(folder: Path) -> float | None:
+    """The noise floor of a folder's times to a target, in percent, from its table.md's header ("Time to the target:
+    its noise floor ±N %"); None where it has none."""
+    try:
+        found = re.search(r"Time to the target: its noise floor ±([\d.]+) %", (folder / "table.md").read_text())
+    except OSError:
+        return None
+    return float(found.group(1)) if found else None
+
+
+def judged(word: str, floor_pct_: float | None) -> str:
+    """A verdict as the folder's floor allows it now, as the technique pages print it (bench/pages.py `allowed`):
+    without a measured floor no verdict at all; within a floor wider than bench/pairs.py's NOISY_FLOOR, "no
+    measurable difference" is no verdict. "disturbed" and "no verdict" stay as they are."""
+    from pairs import NOISY_FLOOR
+
+    if word in ("faster", "slower", "no measurable difference") and floor_pct_ is None:
+        return "no verdict"
+    if word == "no measurable difference" and floor_pct_ / 100 > NOISY_FLOOR:
+        return "no verdict"
+    return word
+
+
+def verdicts_of(folder: Path) -> str:
     """The folder's comparisons by verdict, from its summary.csv: each row's comparison with its base (a rung's,
     an ablation's whole, a ceiling, a memory table's first row, a sweep's previous point) once; the self pair and
-    the products along a ladder are not comparisons of their own. Within a floor wider than bench/pairs.py's
-    NOISY_FLOOR, "no measurable difference" counts as no verdict (as the bench judges now; older folders said so)."""
-    from pairs import NOISY_FLOOR
+    the products along a ladder are not comparisons of their own. Each verdict counts as the folder's floor allows it
+    (`judged`): a folder without a floor counts none, whatever its summary says (older folders said otherwise); the
+    times to a target against their own floor."""
     import pandas as pd
 
     try:
         summary = pd.read_csv(folder / "summary.csv")
     except (OSError, pd.errors.EmptyDataError):
         return "–"
+    floor, target_floor = floor_pct(folder), target_floor_pct(folder)
     counts: dict[str, int] = {}
     target: dict[str, int] = {}
     for r in summary.to_dict("records"):
         for column in COMPARISONS:
             verdict = r.get(column + "_verdict")
             if isinstance(verdict, str) and verdict:
-                word = verdict_word(verdict)
-                noisy = floor.startswith("±") and float(floor[1:].split()[0]) / 100 > NOISY_FLOOR
-                word = "no verdict" if word == "no measurable difference" and noisy else word
+                word = judged(verdict_word(verdict), floor)
                 counts[word] = counts.get(word, 0) + 1
         verdict = r.get("x_target_verdict")  # the same pair's time to a target, where the runs went to one
         if isinstance(verdict, str) and verdict and pd.isna(r.get("x_self")):  # not the self pair
-            word = verdict_word(verdict)
+            word = judged(verdict_word(verdict), target_floor)
             target[word] = target.get(word, 0) + 1
     order = ("faster", "slower", "no measurable difference", "disturbed", "no verdict")
     text = ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "no comparison"
@@ -136,12 +164,40 @@ def verdicts_of(folder: Path, floor: str) -> str:
     return text
 
 
+def runs_time(folder: Path) -> str:
+    """How long the folder's runs took: their wall seconds summed from its runs.csv (the bench's own seconds and the
+    set-up left out), "–" without one."""
+    import pandas as pd
+
+    try:
+        seconds = pd.to_numeric(pd.read_csv(folder / "runs.csv")["wall_s"], errors="coerce").sum()
+    except (OSError, KeyError, pd.errors.EmptyDataError, pd.errors.ParserError):
+        return "–"
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+
+
 def citing_pages(name: str) -> list[str]:
     pages = [p for pattern in PAGES for p in sorted(REPO.glob(pattern))]
     return [str(p.relative_to(REPO)) for p in pages if f"results/{name}/" in p.read_text()]
 
 
+def commit_of(folder: Path, env: dict) -> str:
+    """The commit of the scripts that made the folder, as its tables' provenance line reads it (bench/cells.py
+    `folder_commit`: provenance.json's correction first, else env.json's), "(dirty)" after it where the tree had
+    uncommitted changes; "?" where none is recorded."""
+    from cells import folder_commit  # bench/cells.py imports peak, which imports common (src/, on the path above)
+
+    try:
+        commit, dirty, _ = folder_commit(folder, env)
+    except (OSError, ValueError, AttributeError) as error:  # a provenance.json that is not a JSON object
+        raise SystemExit(f"results_index.py: error: {folder.name}/provenance.json: {error}")
+    return (commit or "?")[:10] + (" (dirty)" if commit and dirty else "")
+
+
 def row(name: str, topic: dict | None) -> str:
+    """The index's line for one folder: its link, machine, date, scripts' commit, noise floor (its table.md's, else
+    its README.md's), how long its runs took, its verdicts, and the topic's `what` or the pages citing it."""
     folder = RESULTS / name
     env = {}
     for record in ("env.json", "provenance.json"):  # provenance.json: tables of other folders' runs
@@ -151,13 +207,14 @@ def row(name: str, topic: dict | None) -> str:
         except (OSError, ValueError):
             continue
     if "commit" in env and "git" not in env:
-        env = {"git": {"commit": env["commit"]}}
+        env = {"git": {"commit": env["commit"], "dirty": env.get("dirty")}}
     opens = main_file(folder)
-    table = (folder / "table.md").read_text() if (folder / "table.md").is_file() else ""
     link = f"[`{name}/`]({name}/{opens})" if opens else f"`{name}/` (no table.md, README.md or summary file)"
-    commit = ((env.get("git") or {}).get("commit") or "?")[:10]
-    cells = [link, machine(env), date_of(folder, env), commit,
-             floor_of(folder) if table else "no table (a probe)", verdicts_of(folder, floor_of(folder))]  # fmt: skip
+    floor = floor_of(folder)
+    if floor == "not measured" and not (folder / "table.md").is_file():
+        floor = "no table (a probe)"
+    cells = [link, machine(env), date_of(folder, env), commit_of(folder, env), floor, runs_time(folder),
+             verdicts_of(folder)]  # fmt: skip
     if topic is not None:
         cells = [topic["name"], *cells, topic["what"]]
     else:
@@ -188,13 +245,17 @@ def render() -> str:
     if unknown or len(set(named)) != len(named):
         raise SystemExit(f"results_index.py: error: current.toml names {unknown or 'a folder twice'}: "
                          "each topic one tracked folder of results/")  # fmt: skip
-    lines = [HEADER, "## Current: the folder each page should quote", "",
-             "| topic | folder | machine | date | scripts' commit | floor | verdicts | what |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    from pairs import NOISY_FLOOR
+
+    lines = [HEADER.format(noisy=100 * NOISY_FLOOR), "## Current: the folder each page should quote", "",
+             "| topic | folder | machine | date | scripts' commit | floor | runs' time | verdicts | what |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [row(t["folder"], t) for t in topics]
     others = [n for n in folders if n not in named]
     lines += ["", "## Older folders", "",
               "Superseded by a current folder, kept while a page still cites them (then archived).", "",
-              "| folder | machine | date | scripts' commit | floor | verdicts | cited by |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| folder | machine | date | scripts' commit | floor | runs' time | verdicts | cited by |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [row(n, None) for n in others]
     lines += ["", "## Mutation tables", "",
               "Each lesson's realistic bugs and the test that must catch each (`python tests/mutations.py`).", "",

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 from cells import (
+    RATIO_STATISTICS,
     acc_cell,
     cell_text,
     compiled_cell,
@@ -56,7 +57,8 @@ def table_markdown(
         '(min–max in brackets when it ran more than once); "not measured" when a run had no step after its warm-up. '
         "Ratios (× its base, × the first rung, of its ceiling, × the whole, × the first row or point) come from "
         "interleaved pairs: the two rows ran next to each other, in alternating order (A B, then B A), and each pair "
-        "gave one ratio; a cell reads median× (min–max over the pairs), verdict. × the first rung multiplies the "
+        "gave one ratio; a cell reads median× (min–max over the pairs), verdict. "
+        f"{RATIO_STATISTICS} × the first rung multiplies the "
         "links of the ladder down to its first rung (its range: the product of theirs). Rows in no comparison ran "
         f"{repeats}, apart. Limited by: input when the steps waited for data "
         f"{100 * INPUT_BOUND:.0f} % of the time or more; input (below ceiling) when they waited less but the row reached "

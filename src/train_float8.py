@@ -6,11 +6,14 @@ e5m2 for gradients; one scale per tensor, from its largest value) and multiplies
 rest of the model runs in bfloat16 under autocast, and torch.compile fuses the scaling into the neighbouring kernels
 (without it the casts cost more than the matmuls save). Layers whose dimensions are not multiples of 16 cannot use
 the float8 kernel, and the model's head stays in bfloat16. Needs torchao and an NVIDIA GPU of compute capability 8.9+
-(Ada, Hopper, Blackwell); elsewhere it lists the layers it would convert and stops in one line.
+(Ada, Hopper, Blackwell); elsewhere it lists the layers it would convert and stops in one line, unless
+`--float8-emulate` asks for torchao's emulation (float8's casts, float32 matmuls): a check of the compile, no speed.
 
     python src/train_float8.py --model gpt2 --seq-len 1024 --batch-size 16 --max-steps 100   # on a GPU (8.9+)
     python src/train_float8.py --model gpt-wide --seq-len 1024 --batch-size 8 --max-steps 100   # on a GPU: width 2048
     python src/train_float8.py --device cpu --model gpt --max-steps 1    # a CPU: the layers it converts, then it stops
+    TORCH_LOGS=graph_breaks,recompiles python src/train_float8.py --device cpu --model gpt --float8-emulate \
+        --max-steps 4        # a CPU check of the compile: torchao's emulation, float32 matmuls (no speed-up)
     diff src/train_compile.py src/train_float8.py                        # only the lines marked `# new #`
 
 More: docs/techniques/train_float8.md
@@ -54,6 +57,13 @@ parser.add_argument(  # new #
     action="store_true",
     help="regional compile: each transformer block (ViT, GPT) compiled on its own, not the whole model; Dynamo reuses "
     "the first block's graph for the others",
+)
+parser.add_argument(  # new #
+    "--float8-emulate",
+    action="store_true",
+    help="for CPU checks (tests/test_equivalence.py counts the compiled graphs with it): torchao's emulation "
+    "(Float8LinearConfig(emulate=True): values rounded to float8 and scaled as on a GPU, then multiplied in float32 "
+    "instead of torch._scaled_mm), so the compiled step runs without float8 tensor cores; no speed-up, not a benchmark",
 )
 args = common.parse_args(parser)
 # new # begin: torchao's recipe runs what is not float8 in bfloat16; float8 pays on a transformer's large Linears
@@ -144,11 +154,13 @@ def float8_ok(module: nn.Module, name: str) -> bool:
 linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
 # tensorwise dynamic scaling (torchao's default recipe); pad_inner_dim: torch._scaled_mm wants every dimension a
 # multiple of 16, the batch's tokens too (a ViT's 197 a sample): zero-padded, which adds nothing, where they are not
-config = Float8LinearConfig(pad_inner_dim=True)
+config = Float8LinearConfig(pad_inner_dim=True, emulate=args.float8_emulate)
 convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)
 kept = [name for name, m in model.named_modules() if type(m) is nn.Linear]  # a Float8Linear is a subclass
 print(f"float8: {len(linears) - len(kept)} of {len(linears)} Linear layers; kept in bfloat16: {', '.join(kept)}")
-if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):  # float8 tensor cores: Ada, Hopper
+if args.float8_emulate:  # the casts and scales of a GPU, the matmuls in float32: a check of what compiles, not a speed
+    print("float8: emulated (--float8-emulate): float8-rounded values multiplied in float32, no float8 kernel")
+elif device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):  # float8 tensor cores: Ada, Hopper
     common.die(f"float8 matmuls need an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper); this run's is a {device}")
 # new # end
 # new # begin: the compiled model for the training step; `model` stays eager for evaluation and checkpoints
@@ -253,7 +265,7 @@ common.report(
     summary,
     epochs,
     precision=(f"{precision} + channels_last" if memory_format == torch.channels_last else precision)  # new #
-    + " + float8 matmuls",  # new #
+    + (" + float8 emulated" if args.float8_emulate else " + float8 matmuls"),  # new #
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)

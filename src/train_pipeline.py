@@ -24,7 +24,6 @@ import torch.nn as nn
 import torchvision  # new #
 from torch.distributed.pipelining import PipelineStage, schedules  # new #
 from torch.utils.data import DataLoader
-from torch.utils.flop_counter import FlopCounterMode  # new #
 
 import common
 
@@ -93,7 +92,7 @@ if args.model in common.TEXT_MODELS:  # or one sequence of tokens
 flops, x = [], image
 model.eval()  # one image through every block: BatchNorm must not update its running statistics here
 for block in blocks:  # with autograd on, as in training (no inference-only fused kernels)
-    with FlopCounterMode(display=False) as counter:
+    with common.flop_counter() as counter:  # torch's FlopCounterMode, causal attention as a causal kernel runs it
         x = block(x)
     flops.append(counter.get_total_flops())  # forward FLOPs of one image (a multiply-add counts 2)
 if not torch.allclose(x, model(image)):  # a forward that does more than its blocks in a row cannot be cut so

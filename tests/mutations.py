@@ -315,6 +315,28 @@ MUTATIONS = [
     ("setup.sh", "an externally managed Python (PEP 668) taken for one pip installs into", "bench/python.sh",
      "sys.exit(0 if managed else 1)", "sys.exit(1)",
      "tests/test_setup.py::test_an_externally_managed_system_python_gets_a_virtual_environment_in_the_repository"),
+    ("train_sdpa.py", "the causal mask ignored in the FLOP count (torch's formulas): causal SDPA credited with the whole "
+     "T x T product its kernel skips half of", "src/common/meter.py",
+     "return flops * causal_entries(rows, cols) // (rows * cols) if is_causal else flops", "return flops",
+     "tests/test_meter.py::test_the_gpt_s_sdpa_count_is_the_written_out_one_less_what_the_causal_kernel_skips"),
+    ("train_float8.py", "a non-finite check of the logits in the compiled forward (a host sync): a graph break",
+     "src/train_float8.py",
+     "convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)\n",
+     "convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)\n"
+     "model.head.register_forward_hook(  # float8 can overflow: stop at the first non-finite logits\n"
+     "    lambda module, inputs, logits: common.die('float8: non-finite logits') if not logits.isfinite().all()"
+     " else None\n"
+     ")\n",
+     EQ + "test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break"),
+    ("train_fast.py", "Muon back in the GPU ladder's GPT-2 throughput rung (its --without muon dropped, its name kept)",
+     "bench/profiles.toml",
+     'name = "train_fast.py gpt2, bf16, without Muon"\nscript = "src/train_fast.py"\nargs = ["--model", "gpt2", '
+     '"--seq-len", "1024", "--batch-size", "16", "--max-steps", "16", "--warmup-steps", "6",\n        "--test-subset", '
+     '"16", "--sample-chars", "0", "--amp-dtype", "bfloat16", "--without", "muon"]',
+     'name = "train_fast.py gpt2, bf16, without Muon"\nscript = "src/train_fast.py"\nargs = ["--model", "gpt2", '
+     '"--seq-len", "1024", "--batch-size", "16", "--max-steps", "16", "--warmup-steps", "6",\n        "--test-subset", '
+     '"16", "--sample-chars", "0", "--amp-dtype", "bfloat16"]',
+     "tests/test_bench.py::test_a_transformer_s_throughput_rung_of_train_fast_or_cuda_graphs_runs_without_muon"),
 ]  # fmt: skip
 
 

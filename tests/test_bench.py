@@ -5,6 +5,7 @@ process, a signal at each moment of a run (before its child starts, while it sta
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -273,6 +274,59 @@ def test_limited_by_reads_data_wait_and_the_ratio_to_the_ceiling():
     assert summary.limited_by(float("nan"), 0.5) == "–"
 
 
+def _ladder_cells(text: str) -> dict[str, list[tuple[str, str, str]]]:
+    """ladder.md's ladders: {name: [(rung, its "× its base" cell, its "× first rung" cell)]}, read off the page."""
+    ladders = {}
+    for section in text.split("\n## ")[1:]:
+        name, *lines = section.removeprefix("Ladder: ").splitlines()
+        if not section.startswith("Ladder: "):
+            continue
+        rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines if line.startswith("| ")]
+        header = rows[0]
+        base, first = header.index("× its base"), header.index("× its base") + 1  # "× train.py" comes next
+        ladders[name] = [(r[0], r[base], r[first]) for r in rows[1:]]
+    return ladders
+
+
+def test_the_end_of_a_run_fits_a_terminal_and_says_what_ladder_md_says(tmp_path):
+    """`bench.py --tables-only` (the same end as a run's) on a copy of a committed folder, no training: every printed
+    line within 100 columns; each ladder rung measured against its base in a line of its own with the ratio and
+    verdict that ladder.md prints for it, and the whole ladder's "× train.py"; the noise floor of table.md's header;
+    the rows not measured counted; where the tables, plots and side-by-side pages are; and the wide tables left in
+    table.md, not printed (what the end printed before: rows of 20-30 columns that wrapped on any screen)."""
+    out = tmp_path / "r"
+    shutil.copytree(REPO / "results" / "cpu-2core-avx512bf16-2026-11-27", out)
+    proc = run("bench/bench.py", "--tables-only", "--out", out, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines and all(len(line) <= 100 for line in lines), max(lines, key=len)
+    assert not any(line.lstrip().startswith("|") for line in lines) and "## Training scripts" not in proc.stdout
+    floor = re.search(r"^Noise floor: (±\d+\.\d %)", (out / "table.md").read_text(), re.MULTILINE).group(1)
+    assert lines[0].startswith("On this machine (AMD EPYC, 2 cores") and f"noise floor {floor}" in lines[0]
+    ladders = _ladder_cells((out / "ladder.md").read_text())
+    assert len(ladders) == 4 and ladders == _ladder_cells((out / "table.md").read_text())
+    measured = 0
+    for name, rungs in ladders.items():
+        at = lines.index(f"Ladder: {name}")
+        block = lines[at + 1 : next(i for i in range(at + 1, len(lines)) if not lines[i].startswith("  "))]
+        for rung, cell, _ in rungs:
+            if cell == "–":
+                continue  # the first rung; a skipped one (counted below)
+            ratio = re.match(r"\d+\.\d\d× \([^)]*\)", cell).group()  # "1.36× (1.27–1.36), faster (train.py cnn)"
+            verdict = cell[len(ratio) :].removeprefix(", ").split(" (")[0]
+            shown = [line for line in block if rung.startswith(line[2:].split("  ")[0].rstrip("…")[:12])]
+            assert any(ratio in line and line.rstrip("*").endswith("  " + verdict) for line in shown), (rung, block)
+            measured += 1
+        whole = rungs[-1][2]  # the last rung over the first: the ladder's product
+        if rungs[-1][1] != "–" and sum(c != "–" for _, c, _ in rungs) > 1:
+            assert any("whole ladder" in line and whole.split(",")[0] in line for line in block), (name, block)
+    assert measured == 10  # 4 + 3 + 2 + 1: every measured link of the four ladders
+    assert "Not measured: 1 skipped" in proc.stdout  # train_channels_last.py gpt, in two ladders: one row
+    for place in ("table.md", "ladder.md", "*.png", "index.html"):
+        assert place in proc.stdout
+    assert f"{out}/table.md" in proc.stdout and f"{out}/*.png" in proc.stdout and f"{out}/index.html" in proc.stdout
+
+
 def test_bf16_rows_skip_on_a_cpu_without_bf16_and_say_which_ladder_runs_them():
     run = {"name": "train_compile.py cnn, bf16", "requires": "bf16"}
     assert profiles.skip_reason(run, gpus=0, bf16=True) is None
@@ -492,3 +546,58 @@ def test_a_sigterm_to_the_bench_s_process_group_ends_the_run_as_interrupted_not_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert last.startswith(f"-{int(signal.SIGTERM)} ''") and last.endswith("True"), last
+
+
+def test_a_transformer_s_throughput_rung_of_train_fast_or_cuda_graphs_runs_without_muon():
+    """One technique per rung (issue 62). On a transformer (the GPTs, the ViT) train_fast.py, and train_cuda_graphs.py
+    built on it, also swap AdamW for Muon on the blocks' matrices, whose gain is fewer steps to a loss and whose
+    Newton-Schulz iterations cost time per step: a tokens/s row of theirs with Muon on measures two things. Every row of
+    these two scripts on a transformer in bench/profiles.toml (the profile's args, then the row's, the last --model
+    winning): judged by throughput (no --target-loss / --target-acc), it runs `--without muon` and its name says
+    "without Muon"; with Muon on, it is judged by the time to a target and its name says "Muon"."""
+    import tomllib
+
+    import common
+
+    matrix = tomllib.loads((REPO / "bench" / "profiles.toml").read_text())
+    checked, problems = set(), []
+    for profile, table in matrix.items():
+        for row in table.get("runs", []):
+            if Path(row["script"]).name not in ("train_fast.py", "train_cuda_graphs.py"):
+                continue
+            args = [*table.get("args", []), *row.get("args", [])]
+            models = [value for flag, value in zip(args, args[1:]) if flag == "--model"]
+            if not models or models[-1] not in ("vit", *common.TEXT_MODELS):
+                continue  # the CNNs have no transformer block: no Muon
+            checked.add(profile)
+            muon_off = ("--without", "muon") in set(zip(args, args[1:]))
+            to_target = "--target-loss" in args or "--target-acc" in args
+            where = f"[{profile}] {row['name']}"
+            if not muon_off and not to_target:
+                problems.append(f"{where}: a throughput row with Muon on (add --without muon, or run it to a target)")
+            if muon_off and "without Muon" not in row["name"]:
+                problems.append(f"{where}: runs --without muon, its name does not say so")
+            if not muon_off and ("Muon" not in row["name"] or "without Muon" in row["name"]):
+                problems.append(f"{where}: Muon on, its name does not say so")
+    assert not problems, "\n".join(problems)
+    assert {"gpu", "gpu-rest", "gpu-full", "ladder-to-target"} <= checked  # the rows this rule is about were seen
+
+
+def test_the_estimate_takes_a_row_one_without_apart_from_its_record(tmp_path):
+    """A row that leaves one change out (`--without muon`) and has no record of its own takes the record of the same
+    script and flags without it, one change apart (the GPU rows of train_fast.py recorded before it had Muon ran
+    without it), not the slowest record of its model and shape (float8's, 10 times slower a step here)."""
+    folder = tmp_path / "gpu-x"
+    folder.mkdir()
+    recorded = [("f", "src/train_fast.py", 0.1), ("8", "src/train_float8.py", 1.0)]
+    pd.DataFrame(
+        [{"config": c, "status": "ok", "command": f"python {s} --model gpt2 --batch-size 8 --max-steps 11",
+          "steps": 11, "train_s": 5.0 + 10 * step, "first_step_s": 5.0, "wall_s": 20.0} for c, s, step in recorded]
+    ).to_csv(folder / "runs.csv", index=False)  # fmt: skip
+    row = {"name": "f-", "script": "src/train_fast.py", "args": ["--model", "gpt2", "--batch-size", "8", "--max-steps",
+                                                                 "21", "--without", "muon"]}  # fmt: skip
+    import pairs
+
+    found, outside, _ = estimate.estimate([pairs.Job("f-", 0, 0)], {"f-": row}, [folder])
+    assert found[0].seconds == pytest.approx(outside + 5.0 + 20 * 0.1)
+    assert found[0].source == "as (but for --without) gpu-x: f"

@@ -469,9 +469,9 @@ def test_the_nanogpt_side_by_side_page_is_what_its_script_writes_from_its_runs(t
 
 
 def test_the_tracked_tree_fits_a_gpu_lease_with_room_to_carry():
-    """The device tool copies the tracked files and the carried paths, at most 64 MiB in all (../shared/device): the
-    tracked files stay under 48 MiB, leaving 16 for torchao's wheel, the corpus and a compile cache. The lease of
-    2026-11-28 was refused at first: results/ held 78 MB, half of it side-by-side pages."""
+    """A GPU rented by the quarter-hour gets the tree copied to it each time, with the data, torchao's wheel and a
+    compile cache beside it (docs/bench.md, bench/lease.sh): the tracked files stay under 48 MiB so that the copy is
+    quick. On 2026-11-28 results/ held 78 MB, half of it side-by-side pages, and the copy was refused at first."""
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
     sizes = [(REPO / name).stat().st_size for name in listed.decode().split("\0") if name and (REPO / name).is_file()]
     assert sum(sizes) < 48 * 2**20, f"the tracked files hold {sum(sizes) / 2**20:.1f} MiB"
@@ -523,3 +523,182 @@ def test_the_readme_s_table_has_a_row_for_every_script_and_names_its_cells_folde
     assert re.fullmatch(r"\d\.\d\d× \(\d\.\d\d–\d\.\d\d\), .+", ratio), ratio
     with pytest.raises(SystemExit, match="has no row 'train_amp.py cnn, renamed'"):
         pages.cell_value({**cell, "config": "train_amp.py cnn, renamed"}, folders)
+
+
+# -- Pages say only what stays true, or what a script writes and a test checks ------------------------------------
+# A page that says how the repository stands today ("src/ unchanged since", "the gpu profile has 13 configurations")
+# is true the day it is written and false after the next commit that no page edit follows. The tracked pages (the
+# README, docs/, and the result folders' table.md, ladder.md and README.md, results/archive/ apart: it is history)
+# state such facts only where a script writes them and a test checks them, or in words that stay true (the commit
+# that made a folder, and the command that shows what changed since).
+STALE = {
+    r"unchanged since": "a page cannot know that src/ stays so: name the commit, and `git diff --stat COMMIT -- src/`",
+    r"made by the current scripts": "the scripts change after the page is written: name the commit",
+    r"made by an older version of the scripts": "name the commit, and `git diff --stat COMMIT -- src/`",
+    r"src/ has changed since in": "the list of changed files grows with every commit: give the command that lists them",
+    r"\bthe current scripts\b": "current for how long? name the commit",
+    r"the current `src/`": "name the commit",
+    r"says whether `?src/`? changed": "the tables give the commit and the command, not a verdict on today's src/",
+    r"\bthe last (?:GPU )?lease\b": "the last one until the next: name the folder or the date",
+}
+COUNT = re.compile(r"`([\w.-]+)`[^.;|`]*?\b(\d+) configurations\b|\b(\d+)-configuration `([\w.-]+)`")
+
+
+def tracked_pages() -> list[Path]:
+    """The pages git tracks that a reader opens: README.md, docs/**/*.md, and under results/ (not results/archive/)
+    every table.md, ladder.md and README.md."""
+    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "README.md", "docs/*.md", "results/*table.md",
+                             "results/*ladder.md", "results/*README.md"], capture_output=True, text=True,
+                            check=True).stdout.split()  # fmt: skip
+    return [REPO / name for name in listed if not name.startswith("results/archive/") and (REPO / name).is_file()]
+
+
+def profile_counts() -> dict[str, int]:
+    """Each profile of bench/profiles.toml and its number of configurations (its [[PROFILE.runs]] tables)."""
+    import tomllib
+
+    profiles = tomllib.loads((REPO / "bench" / "profiles.toml").read_text())
+    return {name: len(table.get("runs", [])) for name, table in profiles.items()}
+
+
+def present_tense_claims(text: str, counts: dict[str, int]) -> list[tuple[int, str]]:
+    """(line, why) of each statement about the repository's present state that no script checks: a STALE phrase, or
+    a count of a profile's configurations that bench/profiles.toml does not hold (a table row's count is its first
+    cell's profile's; elsewhere the profile named before the count in the same clause)."""
+    found = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        found += [
+            (n, f"{m.group(0)!r}: {why}")
+            for pattern, why in STALE.items()
+            for m in re.finditer(pattern, line, re.IGNORECASE)
+        ]
+        first = re.match(r"\|\s*`([\w.-]+)`\s*\|", line)
+        if first and first.group(1) in counts:
+            claims = [(first.group(1), int(k)) for k in re.findall(r"\b(\d+) configurations\b", line)]
+        else:
+            claims = [(m.group(1) or m.group(4), int(m.group(2) or m.group(3))) for m in COUNT.finditer(line)]
+        found += [
+            (n, f"`{name}` has {counts[name]} configurations in bench/profiles.toml, the page says {k}")
+            for name, k in claims
+            if name in counts and counts[name] != k
+        ]
+    return found
+
+
+def test_no_page_states_a_present_tense_fact_about_the_repository_that_no_script_checks():
+    """No tracked page says "src/ unchanged since" (or any STALE phrase), and every count of a profile's
+    configurations on a page is the count bench/profiles.toml holds. Shown to fail on the line every table.md once
+    carried, on docs/bench.md's old "13 configurations" of the gpu profile (both in a table row and in prose), and to
+    pass a historical count that names no profile and the provenance line bench/cells.py writes now."""
+    counts = {"gpu": 12, "cpu": 24}
+    assert present_tense_claims("Provenance: made by the current scripts (commit 3403e734cb, env.json; src/ "
+                                "unchanged since).", counts)  # fmt: skip
+    assert present_tense_claims("| `gpu` | the default with a GPU, 13 configurations, every comparison |", counts)
+    assert present_tense_claims("the `gpu` profile has 13 configurations, in 3 rounds", counts)
+    assert not present_tense_claims("| `gpu` | the default with a GPU, 12 configurations |", counts)
+    assert not present_tense_claims("The profile then had 19 configurations (57 runs in 3 rounds).", counts)
+    sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
+    from cells import provenance_line
+
+    assert not present_tense_claims(provenance_line(None, {"git": {"commit": "3403e734cb", "dirty": False}}), counts)
+    counts = profile_counts()
+    found = [
+        f"{page.relative_to(REPO)}:{n}: {why}"
+        for page in tracked_pages()
+        for n, why in present_tense_claims(page.read_text(), counts)
+    ]
+    assert not found, "\n".join(found)
+
+
+def test_every_table_s_provenance_line_is_what_bench_cells_writes_now():
+    """Each committed table.md and ladder.md (not results/archive/) carries the provenance line that
+    bench/cells.py's provenance_line writes from its folder now: the commit, clean or not, where the commit was read,
+    and the `git diff --stat` that shows what changed since, with no verdict on today's src/. Shown to fail on the
+    line the tables carried before ("src/ unchanged since")."""
+    sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
+    from cells import provenance_line
+
+    def stale(page: Path) -> str | None:
+        line = next((x for x in page.read_text().splitlines() if x.startswith("Provenance:")), None)
+        want = provenance_line(page.parent, json.loads((page.parent / "env.json").read_text()))
+        return None if line is None or line == want else f"{page.relative_to(REPO)}: {line!r}, want {want!r}"
+
+    folder = RESULTS / "cpu-2core-avx512bf16-2026-11-27"
+    line = provenance_line(folder, json.loads((folder / "env.json").read_text()))
+    assert "3403e734cb" in line and "a clean tree" in line and "`git diff --stat 3403e734cb -- src/`" in line
+    assert provenance_line(RESULTS / "activation-checkpointing-gpu-h100-2026-11-26", {}).count("ef6c920bdd") == 2
+    pages = [p for p in tracked_pages() if p.name in ("table.md", "ladder.md")]
+    assert any(stale(p) is None and "Provenance:" in p.read_text() for p in pages)
+    found = [why for why in map(stale, pages) if why]
+    assert not found, "\n".join(found) + "\n(rewrite only that line with bench/cells.py's provenance_line)"
+
+
+def test_a_table_s_header_says_that_its_ratio_is_not_the_ratio_of_the_rates_beside_it():
+    """A ratio (× its base) is the median of its pairs' ratios and each rate the median of its row's runs, so a
+    table can print 0.12× beside 56,819 against 396,236 tokens/s (results/gpu-h200-2026-11-28): table.md's header
+    says which statistic each is, written from a committed folder's summary here, and ladder.md's carries the same
+    sentence (bench/bench.py)."""
+    sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
+    import pandas as pd
+    import tables
+    from cells import RATIO_STATISTICS
+
+    folder = RESULTS / "gpu-h200-2026-11-28"
+    summary = pd.read_csv(folder / "summary.csv")
+    env = json.loads((folder / "env.json").read_text())
+    text = tables.table_markdown(summary, env, "gpu", "1 run(s)", None, folder)
+    header = text.split("\n## ")[0]
+    assert RATIO_STATISTICS in header and "median of its pairs' ratios" in RATIO_STATISTICS
+    assert "{RATIO_STATISTICS}" in (REPO / "bench" / "bench.py").read_text()  # ladder.md's header
+
+
+def test_the_gpu_paragraph_says_what_run_all_sh_runs_on_a_gpu_machine():
+    """docs/bench.md says which profile `bash run_all.sh` runs where torch sees a GPU and where it does not: the
+    profile bench/bench.py's `the_matrix` picks for `--profile auto` (its default) with 1 GPU and with none."""
+    sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
+    import bench
+
+    argv, sys.argv = sys.argv, ["bench.py", "--dry-run"]
+    try:
+        parser, args = bench.parse_args()
+        on_gpu = bench.the_matrix(parser, args, gpus=1, bf16=True)[0]
+        parser, args = bench.parse_args()
+        on_cpu = bench.the_matrix(parser, args, gpus=0, bf16=True)[0]
+    finally:
+        sys.argv = argv
+    said = f"`--profile auto`, its default, is `{on_gpu}` where torch sees a CUDA GPU and `{on_cpu}`"
+    assert said in " ".join((REPO / "docs" / "bench.md").read_text().split()), said
+
+
+def index_cells(index: str, name: str) -> dict[str, str]:
+    """The commit, floor and verdicts cells of a folder's line in results/README.md."""
+    line = next(x for x in index.splitlines() if f"[`{name}/`]" in x)
+    cells = line.strip().strip("|").split(" | ")
+    k = next(i for i, c in enumerate(cells) if c.startswith(f"[`{name}/`]"))
+    return {"commit": cells[k + 3], "floor": cells[k + 4], "verdicts": cells[k + 6]}
+
+
+def test_the_results_index_reads_every_folder_as_its_pages_do():
+    """results/README.md gives each folder the commit its tables' provenance line names (provenance.json's
+    correction before env.json: the GPU activation-checkpointing folder's ef6c920bdd, not 823157c), the noise floor
+    its pages read (its table.md's, else its README.md's: the nanoGPT side by side states one), and counts no verdict
+    where no floor was measured (the small ViT's defaults, whose technique page prints "no verdict")."""
+    sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
+    import results_index
+    from cells import folder_commit
+
+    assert results_index.judged("faster", None) == "no verdict"
+    assert results_index.judged("no measurable difference", 26.2) == "no verdict"
+    assert results_index.judged("slower", 2.6) == "slower" and results_index.judged("disturbed", None) == "disturbed"
+    index = (RESULTS / "README.md").read_text()
+    for name in results_index.tracked_folders():
+        folder, cells = RESULTS / name, index_cells(index, name)
+        env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").is_file() else {}
+        commit = folder_commit(folder, env)[0]
+        assert commit and cells["commit"].startswith(commit[:10]), (name, cells["commit"], commit)
+        floor = results_index.floor_pct(folder)
+        if floor is not None:
+            assert cells["floor"] == f"±{floor:.1f} %", (name, cells["floor"])
+        else:
+            assert not re.search(r"faster|slower|no measurable difference", cells["verdicts"].split(";")[0]), (
+                name, cells["verdicts"])  # fmt: skip

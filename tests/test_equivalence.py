@@ -373,6 +373,68 @@ def test_float8_refuses_float16_and_a_model_without_transformer_linears():
     assert proc.returncode == 2 and "not --model cnn" in proc.stderr and "Traceback" not in proc.stderr
 
 
+# float8's compile. On one H200 (torch 2.11, torchao 0.18, results/gpu-h200-2026-11-28) torch.compile made 9 graphs of
+# train_float8.py's GPT-2 against 1 of train_compile.py's and recompiled once after the first step. The same loop on a
+# CPU, with torchao's emulation (--float8-emulate: the Float8Linear layers, the lesson's filter and pad_inner_dim,
+# float8's casts and scales, the matmuls in float32), compiles the small GPT into as many graphs as train_compile.py
+# (1), with no graph break and no recompile: the count pinned here, so that a break the lesson's own code brings (a
+# host sync, a print, a hook in the forward) fails on a CPU. What the GPU's path adds is in
+# docs/techniques/train_float8.md; `test_float8_on_cuda_compiles_into_train_compile_s_graphs` pins it on a GPU.
+FLOAT8_COMPILE = ["--model", "gpt", "--seq-len", "64", "--batch-size", "4", "--subset", "8", "--test-subset", "8",
+                  "--epochs", "2", "--max-steps", "4", "--sample-chars", "0"]  # fmt: skip  # 2 epochs of 2 steps
+
+
+def compiled_graphs(out: Path, script: str, *flags: str) -> tuple[dict, list[str], str]:
+    """(metrics, graph breaks, stdout) of a run of `script` with `flags` under TORCH_LOGS=graph_breaks,recompiles:
+    the metrics give Dynamo's own count (graphs_compiled: torch._dynamo.utils.counters' unique graphs, the first step
+    and every recompile; recompiled_steps: later steps that compiled), the log each graph break's place."""
+    metrics = out / f"{script}.json"
+    logs = {**os.environ, "TORCH_LOGS": "graph_breaks,recompiles"}  # read at import: a fresh interpreter, not a fork
+    proc = run(f"src/{script}", *flags, "--metrics-out", metrics, env=logs)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    breaks = re.findall(r"Graph break\b.*? in user code at (\S+)", proc.stderr)
+    return json.loads(metrics.read_text()), breaks, proc.stdout
+
+
+def test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break(tmp_path):
+    """train_float8.py --float8-emulate vs its base train_compile.py on a CPU, bfloat16 autocast, the small GPT: 2
+    epochs of 2 compiled training steps with an evaluation between them (the eager model, under autocast: a recompile
+    it caused would show at the next epoch's first step). Compared: Dynamo's graph count, equal (1, today), no later
+    step recompiled, and no graph break in either log. That float8 ran: its 24 of 25 Linear layers converted, the
+    emulation named, and the precision label. What it catches: a graph break or host sync put into the compiled
+    forward by the lesson (each break is another graph at least), or a recompile after the first step."""
+    base, base_breaks, _ = compiled_graphs(
+        tmp_path, "train_compile.py", *SAME, *FLOAT8_COMPILE, "--amp-dtype", "bfloat16"
+    )
+    float8, breaks, stdout = compiled_graphs(tmp_path, "train_float8.py", *SAME, *FLOAT8_COMPILE, "--float8-emulate")
+    assert "float8: 24 of 25 Linear layers; kept in bfloat16: head.fc\n" in stdout and "float8: emulated" in stdout
+    assert float8["precision"] == "amp bfloat16 + float8 emulated" and base["precision"] == "amp bfloat16"
+    assert float8["steps"] == base["steps"] == 4 and len(float8["epochs"]) == 2
+    assert base["graphs_compiled"] == 1 and base["recompiled_steps"] == 0 and base_breaks == []
+    assert breaks == [], f"graph breaks at {breaks}"
+    assert float8["graphs_compiled"] == base["graphs_compiled"] == 1 and float8["recompiled_steps"] == 0
+
+
+@pytest.mark.gpu
+def test_float8_on_cuda_compiles_into_train_compile_s_graphs(tmp_path):
+    """The same on a GPU of compute capability 8.9+, without emulation, at GPT-2's shape and the gpu profile's
+    warm-up (so the meter's activation count and FLOP count fall on the same steps as in the bench): torch._scaled_mm,
+    Float8Linear's own cast to the autocast dtype (taken under CUDA's autocast only) and the GPU's kernels. Pinned:
+    float8 compiles into train_compile.py's graphs (1) with no break and no recompile. On the H200 of 2026-11-28
+    (torch 2.11, torchao 0.18) the bench's row made 9 graphs and recompiled once: this fails there until the cause
+    is found and fixed (docs/techniques/train_float8.md has the hypotheses and the commands that find it)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("float8 matmuls need compute capability 8.9+")
+    flags = ["--device", "cuda", "--workers", "0", "--seed", "0", "--log-every", "1000", "--model", "gpt2", "--seq-len",
+             "1024", "--batch-size", "16", "--subset", "64", "--test-subset", "16", "--epochs", "2", "--warmup-steps",
+             "6", "--sample-chars", "0"]  # fmt: skip  # 2 epochs of 4 steps
+    base, base_breaks, _ = compiled_graphs(tmp_path, "train_compile.py", *flags, "--amp-dtype", "bfloat16")
+    float8, breaks, _ = compiled_graphs(tmp_path, "train_float8.py", *flags)
+    assert base["graphs_compiled"] == 1 and base_breaks == []
+    assert breaks == [], f"graph breaks at {breaks}"
+    assert float8["graphs_compiled"] == base["graphs_compiled"] and float8["recompiled_steps"] == 0
+
+
 def test_cuda_graphs_refuse_a_cpu_and_the_compile_modes_that_capture_graphs_in_one_line():
     """train_cuda_graphs.py on a CPU: one line, exit 2, nothing trained (a CUDA graph records kernels queued on a GPU;
     train_fast.py is the CPU's nearest equivalent). torch.compile's reduce-overhead and max-autotune capture graphs

@@ -101,12 +101,18 @@ def test_train_py_learns_reports_tokens_and_writes_text(base):
 def test_written_out_attention_trains_what_sdpa_trains(base, tmp_path):
     """train_sdpa.py --attention written-out (q kᵀ / √d, the causal mask, softmax, times v) vs train.py (SDPA).
     Tolerance 1e-5: the two compute one softmax in another order of float32 operations (SDPA's flash kernel rescales
-    blocks online); a mask that lets a position see the next character, or a missing 1/√d, is off by percents."""
+    blocks online); a mask that lets a position see the next character, or a missing 1/√d, is off by percents.
+    The FLOPs per sequence the two runs' meters counted: SDPA's causal kernel is counted over the lower triangle, the
+    written-out attention over every score it computes (common.meter.flop_counter; tests/test_meter.py derives it):
+    they differ by 6 strict upper triangles less the backward's recompute of q kᵀ, 2 x 32 FLOPs an entry, 4 blocks
+    of 4 heads."""
     sdpa = train(tmp_path / "sdpa", "src/train_sdpa.py", *GPT, "--batch-size", "16", "--attention", "written-out")
     assert_same_training(sdpa, base, moments=1e-5, weights_tol=1e-5, name="written-out attention")
     assert "SDPA on cpu runs aten._scaled_dot_product_flash_attention_for_cpu" in sdpa["stdout"]
     assert sdpa["metrics"]["attention"] == "written-out"
     assert sdpa["metrics"]["activation_mib"] > base["metrics"]["activation_mib"]  # the T x T softmax, kept
+    skipped = 6 * (32 * 31 // 2) - 32 * 33 // 2  # T = 32: what the causal count leaves out, less its recompute
+    assert base["metrics"]["flops_per_image"] == sdpa["metrics"]["flops_per_image"] - 4 * 4 * 2 * 32 * skipped
 
 
 def test_ddp_two_ranks_of_8_take_train_py_s_steps_of_16_on_text(base, tmp_path):

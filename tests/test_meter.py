@@ -1,7 +1,12 @@
-"""common.meter: what the images/s window leaves out (warm-up, evaluation, a recompiling step)."""
+"""common.meter: what the images/s window leaves out (warm-up, evaluation, a recompiling step), and the FLOP counter's
+causal attention (the lower triangle a causal kernel computes, against the whole product written-out attention
+computes)."""
+
+import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import common
 
@@ -69,3 +74,105 @@ def test_the_blocked_step_time_is_the_median_block_and_ignores_one_disturbed_blo
     assert common.meter.blocked(refill)[0] == pytest.approx(30)
     assert common.meter.blocked([0.02, 0.04]) == (pytest.approx(30), pytest.approx(20 / 30))  # a block per step
     assert common.meter.blocked([]) == (None, None)
+
+
+def written_out_attention(q, k, v, is_causal=False):
+    """train_sdpa.py's --attention written-out, line for line (a script runs when imported): every score computed,
+    then the upper triangle set to -inf."""
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.size(-1))
+    if is_causal:
+        future = torch.ones(scores.shape[-2:], dtype=torch.bool, device=scores.device).triu(diagonal=1)
+        scores = scores.masked_fill(future, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v
+
+
+def training_flops(step) -> int:
+    """FLOPs common.flop_counter counts over `step()` (a forward and its backward)."""
+    with common.flop_counter() as counter:
+        step()
+    return counter.get_total_flops()
+
+
+def test_causal_sdpa_counts_the_lower_triangle_a_mask_or_written_out_attention_the_whole_product():
+    """One attention, (2, 4 heads, T = 64, 16) float32, forward and backward. A T x T x d matmul of one head is
+    2 T^2 d FLOPs; SDPA runs 7 of them (2 forward, 5 backward: q kᵀ recomputed), the written-out attention 6 (2
+    forward, 2 x 2 backward). is_causal=True: the 7 over the lower triangle, T (T + 1) / 2 of the T^2 entries,
+    0.5078 of the whole at T = 64 (FlashAttention's half, the diagonal counted). The same causal mask passed as
+    attn_mask: the whole product (a mask only hides what the kernel computes), as torch counts it."""
+    n, heads, t, d = 2, 4, 64, 16
+    q, k, v = (torch.randn(n, heads, t, d, requires_grad=True) for _ in range(3))
+    matmul = 2 * n * heads * t * t * d  # one T x T x d product, all heads and batch
+    triangle = t * (t + 1) // 2
+
+    def run(attend, **kwargs):
+        return training_flops(lambda: attend(q, k, v, **kwargs).sum().backward())
+
+    full, causal = run(F.scaled_dot_product_attention), run(F.scaled_dot_product_attention, is_causal=True)
+    assert full == 7 * matmul  # torch's count: the whole product
+    assert causal == 7 * matmul * triangle // (t * t) == 7 * 2 * n * heads * d * triangle
+    assert causal / full == pytest.approx(0.5, abs=1 / (2 * t) + 1e-12)  # half, and the diagonal
+    mask = torch.ones(t, t, dtype=torch.bool).tril()
+    assert run(F.scaled_dot_product_attention, attn_mask=mask) == full
+    assert run(written_out_attention, is_causal=True) == run(written_out_attention) == 6 * matmul
+    for rows, cols in [(5, 5), (3, 7), (7, 3), (1, 4)]:  # torch's is_causal: the top-left lower triangle
+        assert common.meter.causal_entries(rows, cols) == int(torch.ones(rows, cols).tril().sum())
+
+
+def test_the_gpt_s_sdpa_count_is_the_written_out_one_less_what_the_causal_kernel_skips():
+    """The small GPT (4 causal blocks of 4 heads of 32, width 128) on one sequence of T = 64 tokens, forward and
+    backward, with SDPA and with the written-out attention in every block (the same weights). Everything but
+    attention counts the same; per block and head, one T x T x d matmul over e score entries is 2 d e FLOPs. Written
+    out: 6 matmuls over all T^2 entries. SDPA: 7 over the lower triangle. So SDPA = written-out - 6 strict upper
+    triangles (T (T - 1) / 2 entries, what the causal kernel skips) + 1 lower triangle (T (T + 1) / 2: the backward's
+    recompute of q kᵀ). With the mask ignored (torch's own formulas), SDPA would count 7 whole matmuls: more than the
+    written-out attention that computes every score."""
+    t, depth, heads, head_dim = 64, 4, 4, 32
+    model = common.build_model("gpt", common.data.TEXT_VOCAB, t)
+    tokens = torch.randint(0, common.data.TEXT_VOCAB, (1, t), generator=torch.Generator().manual_seed(0))
+
+    def step():
+        F.cross_entropy(model(tokens), tokens).backward()
+
+    sdpa = training_flops(step)
+    for block in model.blocks:
+        block.attn.attend = written_out_attention
+    written = training_flops(step)
+    per_entry = depth * heads * 2 * head_dim  # one matmul, one score entry, every block and head
+    skipped = 6 * (t * (t - 1) // 2) - t * (t + 1) // 2
+    assert sdpa == written - per_entry * skipped
+    assert written - sdpa == pytest.approx(per_entry * 2.5 * t * t, rel=4 / t)  # about 6 T^2 / 2 - T^2 / 2
+
+
+def test_every_sdpa_kernel_s_aten_ops_count_causal_over_the_lower_triangle():
+    """The ops F.scaled_dot_product_attention dispatches to on a GPU (flash, its float8 `quantized` overload,
+    memory-efficient, cuDNN) and on a CPU, forward and backward, called as the dispatcher calls them on meta tensors
+    (shapes only: no GPU needed), each with is_causal at its own place in its schema: the lower triangle,
+    T (T + 1) / 2 of T^2 = 0.5078 at T = 64, when causal; torch's whole count when not."""
+    aten, (n, heads, t, d) = torch.ops.aten, (2, 4, 64, 16)
+    q = torch.empty(n, heads, t, d, device="meta", dtype=torch.float16)
+    matmul = 2 * n * heads * t * t * d
+
+    def count(op, *args) -> int:
+        with common.flop_counter() as counter:
+            op(*args)
+        return counter.get_total_flops()
+
+    for causal, share in [(False, 1), (True, (t + 1) / (2 * t))]:
+        forwards = [
+            (aten._scaled_dot_product_flash_attention, q, q, q, 0.0, causal),
+            (aten._scaled_dot_product_flash_attention.quantized, q, q, q, None, None, None, 0.0, causal),
+            (aten._scaled_dot_product_efficient_attention, q, q, q, None, True, 0.0, causal),
+            (aten._scaled_dot_product_cudnn_attention, q, q, q, None, True, 0.0, causal),
+            (aten._scaled_dot_product_flash_attention_for_cpu, q, q, q, 0.0, causal),
+        ]
+        flash, _, efficient, cudnn, cpu = (op(*args) for op, *args in forwards)
+        backwards = [  # the forward's outputs (out, logsumexp, sequence offsets, RNG state) as the backward takes them
+            (aten._scaled_dot_product_flash_attention_backward, q, q, q, q, *flash[:6], 0.0, causal, *flash[6:8]),
+            (aten._scaled_dot_product_efficient_attention_backward, q, q, q, q, None, *efficient,
+             0.0, [True, True, True, False], causal),
+            (aten._scaled_dot_product_cudnn_attention_backward, q, q, q, q, *cudnn[:2], *cudnn[6:8], None,
+             *cudnn[2:6], 0.0, causal),
+            (aten._scaled_dot_product_flash_attention_for_cpu_backward, q, q, q, q, *cpu, 0.0, causal),
+        ]  # fmt: skip
+        assert [count(*call) for call in forwards] == [2 * matmul * share] * 5  # q kᵀ, weights x v
+        assert [count(*call) for call in backwards] == [5 * matmul * share] * 4  # q kᵀ again, and 4 for the grads

@@ -37,7 +37,9 @@ def test_smoke_profile_writes_tables_and_plots(smoke):
     assert json.loads((out / "env.json").read_text())["profile"] == "smoke"
     for name in PNGS:
         assert _is_png(out / name), name
-    assert "| train.py cnn" in proc.stdout  # the table is printed at the end
+    end = proc.stdout[proc.stdout.index("On this machine (") :].splitlines()  # the end: what pays here, in brief
+    assert all(len(line) <= 100 for line in end) and "| train.py cnn" not in proc.stdout  # the table stays in table.md
+    assert any(line.startswith("  train_amp.py cnn") and "× train.py" in line for line in end)
     assert {"train.py", "train_DP.py", "train_DDP.py", "train_amp.py", "train_fast.py"} <= set(summary.script)
     ddp = summary[summary.script == "train_DDP.py"].iloc[0]
     assert ddp.world_size == 2 and ddp.gpus == 0 and ddp.global_batch == 128  # 2 gloo processes x 64

@@ -27,7 +27,8 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
-                gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's)        []
+                gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's),       []
+                flop_counter (every FLOP count's: causal attention as the causal kernel runs it)
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
                                                                                                      gpt, io, meter,
@@ -80,7 +81,7 @@ from .evaluation import evaluate
 from .gpt import GPT
 from .images import IMAGENET_MEAN, IMAGENET_STD, BadImage, find_non_image, image_folders, load_rgb
 from .io import output_problem
-from .meter import Meter, gather_summary
+from .meter import Meter, flop_counter, gather_summary
 from .metrics import epoch_line, epoch_record, report
 from .models import TEXT_MODELS, build_model
 from .preemption import Preemption, init_worker
@@ -105,6 +106,7 @@ __all__ = [
     "evaluate",
     "exit_if_finished",
     "find_non_image",
+    "flop_counter",
     "gather_summary",
     "generate",
     "get_device",

@@ -1,4 +1,13 @@
-"""The meter: images/s, step time, data-wait, activation memory, FLOPs per image and peak memory of a training run."""
+"""The meter: images/s, step time, data-wait, activation memory, FLOPs per image and peak memory of a training run.
+
+FLOPs are counted by `flop_counter()`, the one counter of the project (the Meter, bench/peak.py, the model-parallel
+scripts' cuts): torch.utils.flop_counter's formulas as they ran (hardware FLOPs: a recompute counts), except that
+causal `F.scaled_dot_product_attention` (is_causal=True) is counted as the lower triangle a causal kernel computes,
+FlashAttention's convention, not as the whole T x T product torch's formulas credit it with. The tables' "of peak"
+(achieved FLOP/s over the measured matmul peak) uses this count. PaLM's MFU is defined on another count, the model's
+6 N + 12 L d T FLOPs per token (whole T x T attention, no recompute): `flops_per_token_palm` in a GPT's metrics
+(common/metrics.py's `text_flops`), never the tables' of-peak.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +17,7 @@ import time
 
 import torch
 import torch.distributed as dist
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
 from . import target
 
@@ -30,9 +39,82 @@ class _TotalOnly:
         pass
 
 
+def causal_entries(rows: int, cols: int) -> int:
+    """How many of a (rows x cols) attention matrix's score entries a causal kernel computes: row i (a query) sees
+    keys 0 ... i, min(i + 1, cols) of them, torch's `is_causal` (the top-left lower triangle, `ones(L, S).tril()`).
+    rows = cols = T: T (T + 1) / 2 of the T^2, the diagonal included. An int, a count of entries (no unit)."""
+    side = min(rows, cols)
+    return side * (side + 1) // 2 + max(0, rows - cols) * cols
+
+
+def causal_share(flops: int, rows: int, cols: int, is_causal: bool) -> int:
+    """`flops` (an attention op's FLOPs, every term of which is a product over all rows x cols score entries, as
+    torch's sdpa formulas are) scaled to the entries a causal kernel computes when `is_causal`, else unchanged.
+    Exact in integers: each term of torch's count is a multiple of rows x cols."""
+    return flops * causal_entries(rows, cols) // (rows * cols) if is_causal else flops
+
+
+def _arguments(packet, args: tuple, kwargs: dict) -> dict:
+    """The op's arguments by name, from its schema. Only _scaled_dot_product_flash_attention has a second overload,
+    `quantized` (float8 descales after `value`): the call whose 4th argument is a tensor (its shape here) or None is
+    that one; the default's 4th is dropout_p, a float."""
+    overload = packet.default
+    if "quantized" in packet.overloads() and len(args) > 3 and not isinstance(args[3], (int, float)):
+        overload = packet.quantized
+    return {**dict(zip((a.name for a in overload._schema.arguments), args)), **kwargs}
+
+
+def _causal_forward(packet):
+    """The FLOP formula of one of SDPA's forward aten ops: torch's (sdpa_flop_count: q kᵀ and the weights times v,
+    2 FLOPs a multiply-add, heads and batch included), over the lower triangle when the call's is_causal is true."""
+
+    def formula(query, key, value, *args, out_shape=None, **kwargs) -> int:  # the tensors' shapes, (N, heads, T, d)
+        causal = bool(_arguments(packet, (query, key, value, *args), kwargs).get("is_causal", False))
+        return causal_share(sdpa_flop_count(query, key, value), query[-2], key[-2], causal)
+
+    return formula
+
+
+def _causal_backward(packet):
+    """The FLOP formula of one of SDPA's backward aten ops: torch's (sdpa_backward_flop_count: 5 matmuls over the
+    scores: q kᵀ recomputed, dP = dO vᵀ, dV = Pᵀ dO, dQ = dS k, dK = dSᵀ q), over the lower triangle when causal."""
+
+    def formula(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        causal = bool(_arguments(packet, (grad_out, query, key, value, *args), kwargs).get("is_causal", False))
+        return causal_share(sdpa_backward_flop_count(grad_out, query, key, value), query[-2], key[-2], causal)
+
+    return formula
+
+
+_aten = torch.ops.aten
+# The aten ops F.scaled_dot_product_attention dispatches to (flash and efficient on CUDA, cuDNN, the CPU's flash) and
+# their backwards: the ops FlopCounterMode sees it as, under which the lower-level kernels' ops never show.
+_SDPA_OPS = ("flash_attention", "efficient_attention", "cudnn_attention", "flash_attention_for_cpu")
+CAUSAL_ATTENTION_FLOPS = {
+    **{op: _causal_forward(op) for op in (getattr(_aten, f"_scaled_dot_product_{name}") for name in _SDPA_OPS)},
+    **{op: _causal_backward(op) for op in (getattr(_aten, f"_scaled_dot_product_{n}_backward") for n in _SDPA_OPS)},
+}
+
+
 def flop_counter() -> FlopCounterMode:
-    """A FlopCounterMode (display off) that counts every op's FLOPs into its total, without per-module labels."""
-    counter = FlopCounterMode(display=False)
+    """The project's FLOP counter: a FlopCounterMode (display off, no per-module labels: read its total,
+    `get_total_flops()`, an int of FLOPs, a multiply-add counting 2) with torch's formulas, except causal attention.
+
+    torch's formulas for SDPA ignore the mask (its source: "NB: We aren't accounting for causal attention here"): they
+    credit a causal kernel with the whole T x T product of q kᵀ and of the weights times v, forward and backward,
+    when it computes only the blocks on and below the diagonal. Here the SDPA aten ops called with is_causal=True
+    (CAUSAL_ATTENTION_FLOPS) count the lower triangle: `causal_entries(T, S)` of the T x S scores, T (T + 1) / 2 for
+    self-attention; forward 2 matmuls (4 d FLOPs an entry and head), backward 5 (torch's count, q kᵀ recomputed).
+    That is FlashAttention's convention: FlashAttention-2 (Dao 2023, section 4.1, and the benchmark script of the
+    flash-attention repository: forward 4 T^2 d heads FLOPs, halved when causal, backward 2.5 x forward) counts
+    causal attention as half the non-causal; here the diagonal counts too, T (T + 1) / 2 and not T^2 / 2 (1 / (2 T)
+    more: 0.1 % at T = 512). Left at the full count, because the full product is what runs: SDPA with an explicit
+    attn_mask (a kernel cannot skip what a mask only hides), SDPA's math backend (plain matmuls, then the mask), and
+    attention written out (`softmax(q kᵀ / √d + mask) v`, train_sdpa.py --attention written-out) whose matmuls
+    compute every score before the mask sets the upper triangle to -inf. So on one causal GPT, the written-out
+    attention counts its 6 T x T matmuls whole (2 forward, 2 x 2 backward) and SDPA 7 (its backward recomputes
+    q kᵀ) over the triangle: written-out minus 6 strict upper triangles plus 1 lower one."""
+    counter = FlopCounterMode(display=False, custom_mapping=CAUSAL_ATTENTION_FLOPS)
     counter.mod_tracker = _TotalOnly()
     return counter
 
@@ -72,10 +154,12 @@ class Meter:
       summed. All of them are alive together at the end of the
       forward. Under activation checkpointing, torch.utils.checkpoint saves a block's inputs here and the tensors of
       its recompute under its own inner hooks, which are not counted: they live only during that block's backward.
-    - training FLOPs per image: `torch.utils.flop_counter.FlopCounterMode` from the arrival of the second step's batch
-      to `step()` (all its micro-batches), divided by its images: forward and backward matmuls, convolutions and
-      attention as they ran (a multiply-add counts 2; elementwise ops, the loss and AdamW's update are not counted;
-      Muon's Newton-Schulz matmuls are, as an activation-checkpointing recompute is: hardware FLOPs, not the model's).
+    - training FLOPs per image: `flop_counter()` (torch.utils.flop_counter's FlopCounterMode) from the arrival of the
+      second step's batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls,
+      convolutions and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and AdamW's update
+      are not counted; Muon's Newton-Schulz matmuls are, as an activation-checkpointing recompute is: hardware FLOPs,
+      not the model's), causal SDPA over the lower triangle of its T x T scores (FlashAttention's convention; the
+      written-out attention computes them all and counts them all: see `flop_counter`).
       Batches of varying length (`step(..., tokens=)`): the step's FLOPs per real token, pads' work included, times the
       window's real tokens per sample (the counted batch's width stands for the window's: attention's share is
       approximate). DataParallel's replicas run their forward in threads the counter does not see (train_DP.py reports

@@ -84,11 +84,14 @@ def write_metrics(path: Path | None, **fields) -> dict:
 
 
 def text_flops(args: argparse.Namespace, params: int | None, seq_len: int, counted: float | None) -> dict:
-    """A language model's training FLOPs per token two ways: `flops_per_token` as torch.utils.flop_counter counted
-    them on a real step (the tables' of-peak, i.e. MFU, uses this), and `flops_per_token_palm`, the usual estimate
-    6 N + 12 L d T (Chowdhery et al. 2022, PaLM, appendix B: 6 FLOPs per parameter per token for the matmuls forward
-    and backward, and 12 L d T for attention's two T x T products), with N the parameters less the token and position
-    tables (a lookup is no matmul), L blocks of width d, T tokens of context."""
+    """A language model's training FLOPs per token two ways (floats, FLOPs a token; None where not counted):
+    `flops_per_token`, as the Meter's counter (common.meter.flop_counter) counted them on a real step: hardware
+    FLOPs as they ran, recomputes included, causal SDPA over the lower triangle of its T x T scores (FlashAttention's
+    convention); the tables' TFLOP/s and "of peak" use this. And `flops_per_token_palm`, the model FLOPs PaLM's MFU is
+    defined on: 6 N + 12 L d T (Chowdhery et al. 2022, PaLM, appendix B: 6 FLOPs per parameter per token for the
+    matmuls forward and backward, and 12 L d T for attention's two T x T products, whole, no recompute), with N the
+    parameters less the token and position tables (a lookup is no matmul), L blocks of width d, T tokens of context.
+    A page that says MFU means the second; the tables' of-peak is the first."""
     from .gpt import GPT_CONFIGS  # only here: metrics knows no model otherwise
 
     shape = GPT_CONFIGS.get(args.model)
@@ -157,7 +160,10 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     probe = target.fields(compile_s, epochs[-1]["val_loss"] if epochs else None)  # --target-loss's, else {}
     if probe:
         seconds = probe["time_to_target_s"]
-        took = "not reached" if seconds is None else f"{seconds:.1f} s of training, {probe['steps_to_target']} steps"
+        took = "not reached" if seconds is None else (
+            f"{seconds:.1f} s of training{' (compilation left out)' if compile_s else ''}, "
+            f"{probe['steps_to_target']} steps"
+        )
         print(
             f"time to held-out sample loss {probe['target_loss']}: "
             + took
