@@ -398,7 +398,7 @@ def main() -> None:
 
     # A compiling run starts torch.compile's pool of compile workers at its first compile (one per core, each its own
     # Python), and a run whose graphs the cache already holds ends while they are still starting and waits for them:
-    # 8 to 12 s at the exit of each such run on the 16-core H200 lease of 2026-11-28 (runs.csv's after_s), 0.3 s
+    # 8 to 12 s at the exit of each such run on the 16-core H200 of 2026-11-28 (runs.csv's after_s), 0.3 s
     # without compiling. TORCH_WARM_POOL=0 (torch._dynamo's inductor backend reads it) starts the pool only when a
     # graph must be compiled; the steps do not change. A value set by the caller wins; env.json records it.
     os.environ.setdefault("TORCH_WARM_POOL", "0")

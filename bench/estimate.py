@@ -31,7 +31,7 @@ SHAPE = ("--model", "--dataset", "--batch-size", "--seq-len", "--image-size")  #
 BOOLEAN = {"--compile-regions", "--channels-last"}  # flags without a value
 COMPILING = {"train_compile.py", "train_fast.py", "train_cuda_graphs.py", "train_float8.py"}  # compile at step 1
 # Outside the training loop, a run forked from the bench's server spends the project's imports, the data, the model,
-# CUDA's start, the evaluation, the metrics (with an nvidia-smi call) and its exit. Until a lease records it on a GPU
+# CUDA's start, the evaluation, the metrics (with an nvidia-smi call) and its exit. Where no GPU folder has recorded it
 # (runs.csv's `started` says forked), the estimate assumes this many seconds: forked from the server on this
 # project's 2-core CPU, the GPT-2 and ResNet-50 rows' start-up took 0.8 and 0.3 s (the model's initialisation on the
 # host; docs/bench.md), and a CUDA context's start and teardown and the nvidia-smi call about 1 s more.
@@ -171,7 +171,7 @@ def compile_group(key: tuple) -> tuple:
     """What decides whether torch.compile's cache holds a configuration's graphs: its script and work flags. Each
     script is its own group: train_fast.py's ResNet-50 compiled for 18 s after train_compile.py's had compiled for 59
     (H200, 2026-11-28), and train_float8.py's Float8Linear layers make another graph. A record's first run already
-    paid what the cache of that lease's earlier configurations left to compile, in the order the plan runs them."""
+    paid what the cache of that bench run's earlier configurations left to compile, in the order the plan runs them."""
     return key
 
 
@@ -254,7 +254,7 @@ def estimate(jobs, by_name: dict[str, dict], folders: list[Path], outside_s: flo
                 cost = None
         if (
             cost is None and "estimate_s" in run
-        ):  # never run on a GPU: the profile's stated guess, until a lease runs it
+        ):  # never run on a GPU: the profile's stated guess, until a GPU folder records it
             first, *later = run["estimate_s"]
             cold = job.config not in assumed
             assumed.add(job.config)

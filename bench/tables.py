@@ -72,7 +72,8 @@ def table_markdown(
         "autocast is native with bf16 instructions and emulated (slow) without: see the CPU line above. "
         "GFLOPs/image: training FLOPs (forward + backward matmuls, convolutions, attention) counted with "
         "torch.utils.flop_counter on one step, as they ran (an activation-checkpointing recompute counts: hardware "
-        "FLOPs); TFLOP/s: that x images/s, all devices together; of peak: over this machine's measured matmul peak "
+        "FLOPs), causal attention counted as its lower triangle (FlashAttention's convention); TFLOP/s: that x "
+        "images/s, all devices together; of peak: over this machine's measured matmul peak "
         f"in the dtype the run computed in, per device used ({peak_line(env)}): how much of the hardware the run "
         "uses, the rest is what is left to gain"
         + (f"; of datasheet: over the GPU's dense peak in that dtype ({datasheet(env)[1]})" if datasheet(env) else "")
@@ -227,8 +228,8 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
             )
             + (
                 " FLOPs per sample: the matmuls, convolutions and attention of one training step as they ran "
-                "(torch.utils.flop_counter; a recompute counts, a selective recompute served from its cache does not), "
-                "× the first row's."
+                "(torch.utils.flop_counter, causal attention as its lower triangle; a recompute counts, a selective "
+                "recompute served from its cache does not), × the first row's."
                 if "FLOPs per sample ×" in table[-1]
                 else ""
             )

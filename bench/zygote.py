@@ -131,8 +131,8 @@ def handle(connection: socket.socket) -> None:
     """In a forked handler: read the request and the client's 3 file descriptors, fork the script's child, report its
     pid, wait for it and report its status. A client that goes away first (killed) takes the child with it."""
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    quiet = os.open(os.devnull, os.O_WRONLY)  # the server's stdout and stderr are its caller's (a pipe into tee in a
-    os.dup2(quiet, 1)  # lease): a handler waiting on a run that outlives the caller must not hold that pipe open
+    quiet = os.open(os.devnull, os.O_WRONLY)  # the server's stdout and stderr are its caller's (a pipe into tee
+    os.dup2(quiet, 1)  # in bench/lease.sh): a handler waiting on a run that outlives the caller must not hold it open
     os.dup2(quiet, 2)
     os.close(quiet)
     data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)

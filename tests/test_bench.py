@@ -394,7 +394,7 @@ def test_a_row_preloading_a_missing_library_is_skipped_with_the_reason():
     assert profiles.skip_reason({"name": "glibc", "env": {"OMP_NUM_THREADS": "1"}}, 0) is None
 
 
-# -- A run costs its steps: the fork server, the dry run, the lease ----------------------------------------------
+# -- A run costs its steps: the fork server, the dry run, bench/lease.sh -----------------------------------------
 
 import estimate  # noqa: E402
 import zygote  # noqa: E402
@@ -471,7 +471,7 @@ def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_each_scrip
     2 s) and train_compile.py twice (a first step of 30 s from a cold cache, 5 s from a warm one). Planned, with the
     assumed 2 s outside training: train.py at batch 16 (0.2 s a step: 2 + 2 + 20 x 0.2 = 8 s), train_compile.py at
     batch 8 twice (cold 30, then warm 5, each + 2 + 20 x 0.1), train_fast.py at batch 8 (no record of its own: the
-    same flags under train_compile.py, and its own first compile, cold: 34 s; on the H200 lease of 2026-11-28
+    same flags under train_compile.py, and its own first compile, cold: 34 s; on the H200 of 2026-11-28
     train_fast.py's ResNet-50 compiled 18 s after train_compile.py's 59, not a cache hit), and a model no folder
     ran, from its row's estimate_s [7, 3]."""
     folder = tmp_path / "gpu-x"
@@ -499,10 +499,11 @@ def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_each_scrip
 
 @pytest.mark.parametrize("profile", ["gpu", "gpu-more", "gpu-rest"], ids=lambda p: f"profile={p}")
 def test_a_gpu_profile_s_dry_run_fits_8_minutes_on_the_recorded_h200_costs(profile):
-    """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more and gpu-rest, the next leases'): every planned run has an
-    estimate from the results/ GPU folders' recorded runs (or its row's stated estimate_s), the 3 interleaved rounds
-    are all there, and the total, the bench's own seconds included, is at most 8 minutes: what one call of a
-    15-minute lease leaves room for. A row added to the profile without a record or an estimate fails here."""
+    """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more and gpu-rest, a rented GPU's next
+    quarter-hours): every planned run has an estimate from the results/ GPU folders' recorded runs (or its row's stated
+    estimate_s), the 3 interleaved rounds are all there, and the total, the bench's own seconds included, is at most 8
+    minutes: what one quarter-hour of a rented GPU leaves room for (bench/lease.sh). A row added to the profile without
+    a record or an estimate fails here."""
     proc = run("bench/bench.py", "--profile", profile, "--dry-run", "--gpu-kind", "h200", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     total = int(re.search(r"estimated: [\d.]+ minutes \((\d+) s:", proc.stdout).group(1))
@@ -522,7 +523,7 @@ def test_a_sigterm_to_the_bench_s_process_group_ends_the_run_as_interrupted_not_
     the client of the running run and, unless it has a session of its own, the fork server and the handler that
     waits on the run's child. The server starts in its own session: the client passes SIGTERM on to the child, the
     handler reports its death, and the run ends killed by SIGTERM (the bench's row: `interrupted`), not `failed` with
-    the client's JSONDecodeError (the handler gone before it answered: a GPU lease's last run, 2026-11-28)."""
+    the client's JSONDecodeError (the handler gone before it answered: the H200's last run, 2026-11-28)."""
     script = tmp_path / "sleeper.py"
     script.write_text("import time\nprint('running', flush=True)\ntime.sleep(60)\n")
     driver = (
