@@ -284,7 +284,7 @@ def first_screen_value(cell: dict, folders: Folders) -> str:
             raise SystemExit(f"pages.py: error: {folder.name}: {error}")
         if wall is None:
             raise SystemExit(f"pages.py: error: {folder.name}/run_all-time.txt has no 'wall M min S s' line")
-        return f"{wall[1]} min {float(wall[2]):.0f} s ({runs} runs)"
+        return f"{wall[1]} min {float(wall[2]):.0f} s ({runs} runs, re-runs of disturbed pairs included)"
     if show == "nanogpt":
         import nanogpt  # bench/nanogpt.py: the side by side's own cells
 

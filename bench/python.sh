@@ -22,10 +22,10 @@ refuses_packages() {
   "$1" - <<'PY' 2>/dev/null
 import os, sys, sysconfig
 managed = sys.prefix == sys.base_prefix and os.path.isfile(os.path.join(sysconfig.get_path("stdlib"), "EXTERNALLY-MANAGED"))
-try:
-    import pip  # noqa: F401
-except ImportError:
-    managed = True
+managed = managed and not os.environ.get("PIP_BREAK_SYSTEM_PACKAGES")  # the user's own override of PEP 668
 sys.exit(0 if managed else 1)
 PY
+  [ $? -eq 0 ] && return 0
+  "$1" -m pip --version >/dev/null 2>&1 && return 1  # a pip that runs (one that only imports may be half installed)
+  return 0
 }

@@ -39,35 +39,42 @@ apt_install() {
     && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$1" >/dev/null
 }
 
+user_python=${PYTHON:-}
+chosen=${PYTHON:-}${VIRTUAL_ENV:-}${CONDA_PREFIX:-}  # the user's own choice of an interpreter, if any
 PYTHON=$(project_python)
 if ! command -v "$PYTHON" >/dev/null; then
   echo "setup: error: no $PYTHON on PATH; install Python 3.10+ or set PYTHON=/path/to/python" >&2
   exit 2
 fi
 if [ "$PYTHON" = .venv/bin/python ] && refuses_packages "$PYTHON"; then
-  echo "setup: .venv/ has no pip (an interrupted set-up?): making it again"
+  echo "setup: .venv/ has no working pip (an interrupted set-up?): $([ -n "$plan" ] && echo "would make" || echo "making") it again"
   [ -n "$plan" ] || rm -rf .venv
   PYTHON=python3
 fi
 if "$PYTHON" -c "import $modules" 2>/dev/null; then
   [ -z "$plan" ] || echo "setup: plan: $PYTHON has every package; nothing to install"
 elif refuses_packages "$PYTHON"; then
-  if [ "$PYTHON" != python3 ] || [ -n "${VIRTUAL_ENV:-}${CONDA_PREFIX:-}" ]; then
-    echo "setup: error: $PYTHON refuses packages (externally managed, PEP 668, or no pip): point PYTHON at a" \
-      "virtual environment's python, or unset PYTHON and set-up makes one in .venv/" >&2
+  if [ -n "$chosen" ]; then  # $PYTHON, or an active environment: the user's, never replaced behind their back
+    whose=$([ -n "$user_python" ] && echo "\$PYTHON ($PYTHON)" || echo "the active environment's python3")
+    echo "setup: error: $whose refuses packages (externally managed, PEP 668, or no pip): use a virtual" \
+      "environment's python, or unset PYTHON and deactivate, and set-up makes one in .venv/" >&2
     exit 2
   fi
-  echo "setup: $(command -v python3) refuses packages (externally managed, PEP 668, or no pip): installing into a" \
-    "virtual environment at .venv/ (run_all.sh and tests/run.sh use it; in your shell: . bench/activate.sh)"
+  echo "setup: $(command -v python3) refuses packages (externally managed, PEP 668, or no pip):" \
+    "$([ -n "$plan" ] && echo "would install" || echo "installing") into a virtual environment at .venv/" \
+    "(run_all.sh and tests/run.sh use it; in your shell: . bench/activate.sh)"
   [ -z "$plan" ] || exit 0
-  if ! python3 -m venv .venv >/dev/null 2>&1; then
+  if ! python3 -m venv .venv >/tmp/setup-venv.$$.log 2>&1; then
     rm -rf .venv  # half made: Debian's python3 makes the folder, then stops without ensurepip
     apt_install python3-venv && python3 -m venv .venv || {
       rm -rf .venv
-      echo "setup: error: python3 -m venv failed: install Debian's python3-venv (apt-get install python3-venv)" >&2
+      echo "setup: error: python3 -m venv failed ($(grep -m1 -iE 'error|ensurepip' /tmp/setup-venv.$$.log || echo see above))," \
+        "on Debian or Ubuntu: sudo apt-get install python3-venv" >&2
+      rm -f /tmp/setup-venv.$$.log
       exit 2
     }
   fi
+  rm -f /tmp/setup-venv.$$.log
   PYTHON=.venv/bin/python
 else
   [ -z "$plan" ] || { echo "setup: plan: installing requirements.txt into $PYTHON"; exit 0; }

@@ -51,7 +51,9 @@ def end_of_run(summary: pd.DataFrame, env: dict, noise: dict | None, out: Path) 
     for name, rows in ladders:
         records = rows.to_dict("records")
         measured = [r for r in records[1:] if r.get("status") == "ok"]
-        lines.append(_fit(f"Ladder: {name}", WIDTH))
+        tokens = any(pd.notna(r.get("tokens_per_sample")) and r.get("tokens_per_sample") for r in records)
+        unit = "tokens/s" if tokens else "images/s"  # what each rung's × compares
+        lines.append(_fit(f"Ladder ({unit} ×): {name}", WIDTH))
         for r in measured:
             lines.append(len(rungs))
             rungs.append((r["config"], "× " + script(cell_text(r.get("rung_base"))), pair_cell(r, "speedup_rung")))
@@ -61,7 +63,7 @@ def end_of_run(summary: pd.DataFrame, env: dict, noise: dict | None, out: Path) 
         if len(measured) > 1 and records[-1] is measured[-1]:  # two links or more: the product down to the first rung
             lines.append(len(rungs))
             first, last = records[0], measured[-1]
-            rungs.append((f"{first['script']} → {last['script']}", "whole ladder", pair_cell(last, "speedup")))
+            rungs.append((f"{first['script']} → {last['script']}", f"whole, {unit}", pair_cell(last, "speedup")))
     others = _other_comparisons(summary, script, rungs)
     if others:
         lines += ["Other comparisons (table.md):", *others]

@@ -73,6 +73,16 @@ def test_python_set_to_an_externally_managed_interpreter_is_refused_in_one_line(
     assert len(done.stderr.strip().splitlines()) == 1 and "PYTHON" in done.stderr, done.stderr
 
 
+@pytest.mark.skipif(not system_python_is_externally_managed(), reason="needs an externally managed /usr/bin/python3")
+@pytest.mark.parametrize("chosen", [{"PYTHON": "python3"}, {"VIRTUAL_ENV": "/usr"}], ids=["PYTHON=python3", "an env"])
+def test_a_python_the_user_chose_is_never_swapped_for_a_virtual_environment(tmp_path, chosen):
+    """PYTHON=python3 (a common export) or an active environment that refuses packages: set-up stops in one line,
+    since the two commands would run the user's interpreter, not the .venv/ that set-up would fill."""
+    done = plan(tree(tmp_path), clean_env("/usr/bin:/bin", **chosen))
+    assert done.returncode == 2, done.stdout
+    assert len(done.stderr.strip().splitlines()) == 1 and "refuses packages" in done.stderr, done.stderr
+
+
 def test_an_earlier_virtual_environment_in_the_repository_is_used(tmp_path):
     """A .venv/ that an earlier set-up made (here: a stand-in running this interpreter, which has every package)."""
     root = tree(tmp_path)
@@ -99,7 +109,7 @@ def test_a_virtual_environment_left_without_pip_is_made_again(tmp_path):
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root / ".venv")], check=True)
     done = plan(root, clean_env("/usr/bin:/bin"))
     assert done.returncode == 0, done.stderr
-    assert "has no pip" in done.stdout and "making it again" in done.stdout, done.stdout
+    assert "has no working pip" in done.stdout and "make it again" in done.stdout, done.stdout
 
 
 def test_activate_makes_the_repository_s_virtual_environment_this_shell_s_python(tmp_path):
