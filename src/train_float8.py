@@ -6,14 +6,17 @@ e5m2 for gradients; one scale per tensor, from its largest value) and multiplies
 rest of the model runs in bfloat16 under autocast, and torch.compile fuses the scaling into the neighbouring kernels
 (without it the casts cost more than the matmuls save). Layers whose dimensions are not multiples of 16 cannot use
 the float8 kernel, and the model's head stays in bfloat16. Needs torchao and an NVIDIA GPU of compute capability 8.9+
-(Ada, Hopper, Blackwell); elsewhere it lists the layers it would convert and stops in one line, unless
-`--float8-emulate` asks for torchao's emulation (float8's casts, float32 matmuls): a check of the compile, no speed.
+(Ada, Hopper, Blackwell); elsewhere it lists the layers it would convert and stops in one line. `--float8-emulate`
+runs torchao's emulation instead: values rounded to float8 and scaled, then multiplied in ordinary float32 matmuls, no
+speed-up; it checks the lesson's code path on a machine without float8 tensor cores, not the `torch._scaled_mm` path a
+GPU runs, and on a CPU Float8Linear does not cast its input to bfloat16 (it checks CUDA's autocast only), so there the
+emulation scales float32 activations.
 
     python src/train_float8.py --model gpt2 --seq-len 1024 --batch-size 16 --max-steps 100   # on a GPU (8.9+)
     python src/train_float8.py --model gpt-wide --seq-len 1024 --batch-size 8 --max-steps 100   # on a GPU: width 2048
     python src/train_float8.py --device cpu --model gpt --max-steps 1    # a CPU: the layers it converts, then it stops
     TORCH_LOGS=graph_breaks,recompiles python src/train_float8.py --device cpu --model gpt --float8-emulate \
-        --max-steps 4        # a CPU check of the compile: torchao's emulation, float32 matmuls (no speed-up)
+        --max-steps 4        # on a CPU: torchao's emulation, float32 matmuls, no _scaled_mm (no speed-up)
     diff src/train_compile.py src/train_float8.py                        # only the lines marked `# new #`
 
 More: docs/techniques/train_float8.md
@@ -61,9 +64,10 @@ parser.add_argument(  # new #
 parser.add_argument(  # new #
     "--float8-emulate",
     action="store_true",
-    help="for CPU checks (tests/test_equivalence.py counts the compiled graphs with it): torchao's emulation "
-    "(Float8LinearConfig(emulate=True): values rounded to float8 and scaled as on a GPU, then multiplied in float32 "
-    "instead of torch._scaled_mm), so the compiled step runs without float8 tensor cores; no speed-up, not a benchmark",
+    help="torchao's emulation (Float8LinearConfig(emulate=True)): values rounded to float8 and scaled, then multiplied "
+    "in ordinary float32 matmuls instead of torch._scaled_mm, to check the lesson's code path on a machine without "
+    "float8 tensor cores; no speed-up, not a benchmark, and not the _scaled_mm path a GPU runs (on a CPU the layers "
+    "also scale float32 activations: Float8Linear casts its input to bfloat16 under CUDA's autocast only)",
 )
 args = common.parse_args(parser)
 # new # begin: torchao's recipe runs what is not float8 in bfloat16; float8 pays on a transformer's large Linears
@@ -152,13 +156,14 @@ def float8_ok(module: nn.Module, name: str) -> bool:
 
 
 linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-# tensorwise dynamic scaling (torchao's default recipe); pad_inner_dim: torch._scaled_mm wants every dimension a
-# multiple of 16, the batch's tokens too (a ViT's 197 a sample): zero-padded, which adds nothing, where they are not
+# tensorwise dynamic scaling (torchao's default recipe); pad_inner_dim: torch._scaled_mm wants K and N of its
+# (M x K) @ (K x N) multiples of 16 (M is free), and the weight's gradient multiplies over the batch's tokens (a ViT's
+# 197 a sample): torchao zero-pads the inner dimension, which adds nothing (off by default: a padded copy, more memory)
 config = Float8LinearConfig(pad_inner_dim=True, emulate=args.float8_emulate)
 convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)
 kept = [name for name, m in model.named_modules() if type(m) is nn.Linear]  # a Float8Linear is a subclass
 print(f"float8: {len(linears) - len(kept)} of {len(linears)} Linear layers; kept in bfloat16: {', '.join(kept)}")
-if args.float8_emulate:  # the casts and scales of a GPU, the matmuls in float32: a check of what compiles, not a speed
+if args.float8_emulate:  # float8 rounding and scales, float32 matmuls, no _scaled_mm: the code path, not a speed
     print("float8: emulated (--float8-emulate): float8-rounded values multiplied in float32, no float8 kernel")
 elif device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):  # float8 tensor cores: Ada, Hopper
     common.die(f"float8 matmuls need an NVIDIA GPU of compute capability 8.9+ (Ada, Hopper); this run's is a {device}")

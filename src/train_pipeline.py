@@ -92,7 +92,7 @@ if args.model in common.TEXT_MODELS:  # or one sequence of tokens
 flops, x = [], image
 model.eval()  # one image through every block: BatchNorm must not update its running statistics here
 for block in blocks:  # with autograd on, as in training (no inference-only fused kernels)
-    with common.flop_counter() as counter:  # torch's FlopCounterMode, causal attention as a causal kernel runs it
+    with common.flop_counter() as counter:  # torch's FlopCounterMode, causal attention as its lower triangle
         x = block(x)
     flops.append(counter.get_total_flops())  # forward FLOPs of one image (a multiply-add counts 2)
 if not torch.allclose(x, model(image)):  # a forward that does more than its blocks in a row cannot be cut so

@@ -315,10 +315,10 @@ MUTATIONS = [
     ("setup.sh", "an externally managed Python (PEP 668) taken for one pip installs into", "bench/python.sh",
      "sys.exit(0 if managed else 1)", "sys.exit(1)",
      "tests/test_setup.py::test_an_externally_managed_system_python_gets_a_virtual_environment_in_the_repository"),
-    ("train_sdpa.py", "the causal mask ignored in the FLOP count (torch's formulas): causal SDPA credited with the whole "
-     "T x T product its kernel skips half of", "src/common/meter.py",
+    ("train_sdpa.py", "the causal mask ignored in the FLOP count (torch's formulas): causal SDPA counted as the whole "
+     "T x T product, not FlashAttention-2's lower triangle", "src/common/meter.py",
      "return flops * causal_entries(rows, cols) // (rows * cols) if is_causal else flops", "return flops",
-     "tests/test_meter.py::test_the_gpt_s_sdpa_count_is_the_written_out_one_less_what_the_causal_kernel_skips"),
+     "tests/test_meter.py::test_the_gpt_s_sdpa_count_is_the_written_out_one_less_its_strict_upper_triangles"),
     ("train_float8.py", "a non-finite check of the logits in the compiled forward (a host sync): a graph break",
      "src/train_float8.py",
      "convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)\n",
@@ -337,6 +337,32 @@ MUTATIONS = [
      '"--seq-len", "1024", "--batch-size", "16", "--max-steps", "16", "--warmup-steps", "6",\n        "--test-subset", '
      '"16", "--sample-chars", "0", "--amp-dtype", "bfloat16"]',
      "tests/test_bench.py::test_a_transformer_s_throughput_rung_of_train_fast_or_cuda_graphs_runs_without_muon"),
+    ("checkpoints", "load_checkpoint's except narrowed back to the errors torch.load names (IndexError, KeyError on "
+     "random bytes: a traceback)", "src/common/checkpoint.py",
+     "    except Exception as error:  # any bytes: torch.load raises IndexError, KeyError ... as well as its own errors\n",
+     "    except (OSError, EOFError, RuntimeError, ValueError, torch.serialization.pickle.UnpicklingError) as error:\n",
+     "tests/test_fuzz.py::test_a_damaged_checkpoint_from_before_the_digests_is_one_line_or_a_resume"),
+    ("checkpoints", "last.pt loaded without checking its digest (a flipped bit resumes)", "src/common/checkpoint.py",
+     "if listed is not None and _sha256_of(f) not in [digest for digest, _ in listed]:",
+     "if listed is not None and False:", "tests/test_fuzz.py::test_a_damaged_checkpoint_with_its_digest_is_never_resumed"),
+    ("checkpoints", "the DCP folder last.pt names not checked (a damaged shard reaches dcp.load)",
+     "src/common/checkpoint.py", "        check_folder(path, state)\n", "        pass\n",
+     "tests/test_fuzz.py::test_a_damaged_dcp_folder_is_never_resumed"),
+    ("data", "a Fashion-MNIST .gz whose deflate stream is damaged: zlib.error not caught (a traceback)",
+     "src/common/data.py", "except (OSError, EOFError, zlib.error) as error:", "except (OSError, EOFError) as error:",
+     "tests/test_fuzz.py::test_fashion_mnist_files_of_any_bytes"),
+    ("loader.py", "an image whose header says billions of pixels: PIL's DecompressionBombError not caught",
+     "src/common/images.py", "except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:",
+     "except (OSError, ValueError, SyntaxError) as error:", "tests/test_fuzz.py::test_an_image_file_of_any_bytes"),
+    ("data", "the vocabulary checked by its length only (84 characters in another order train on other tokens)",
+     "src/common/text.py", "if vocab is None or hashlib.sha256(vocab).hexdigest() != VOCAB_SHA256:",
+     "if vocab is None or len(vocab) != 84:",
+     "tests/test_fuzz.py::test_the_corpus_and_its_vocabulary_of_any_bytes"),
+    ("train_sdpa.py", "the backward ops left unscaled: causal SDPA's backward counted as the whole T x T product, its "
+     "forward as the lower triangle", "src/common/meter.py",
+     "sdpa_backward_flop_count(grad_out, query, key, value), query[-2], key[-2], causal)",
+     "sdpa_backward_flop_count(grad_out, query, key, value), query[-2], key[-2], False)",
+     "tests/test_meter.py::test_every_sdpa_kernel_s_aten_ops_count_causal_over_the_lower_triangle"),
 ]  # fmt: skip
 
 

@@ -1,7 +1,9 @@
 """common.meter: what the images/s window leaves out (warm-up, evaluation, a recompiling step), and the FLOP counter's
-causal attention (the lower triangle a causal kernel computes, against the whole product written-out attention
-computes)."""
+causal attention: causal SDPA counted over the lower triangle of its scores, diagonal included (FlashAttention-2's
+counting convention, the useful FLOPs, not what every kernel computes: torch's CPU kernel computes about the whole
+product up to 512 tokens), against the whole product counted for the written-out attention and an explicit mask."""
 
+import functools
 import math
 
 import pytest
@@ -97,8 +99,9 @@ def test_causal_sdpa_counts_the_lower_triangle_a_mask_or_written_out_attention_t
     """One attention, (2, 4 heads, T = 64, 16) float32, forward and backward. A T x T x d matmul of one head is
     2 T^2 d FLOPs; SDPA runs 7 of them (2 forward, 5 backward: q kᵀ recomputed), the written-out attention 6 (2
     forward, 2 x 2 backward). is_causal=True: the 7 over the lower triangle, T (T + 1) / 2 of the T^2 entries,
-    0.5078 of the whole at T = 64 (FlashAttention's half, the diagonal counted). The same causal mask passed as
-    attn_mask: the whole product (a mask only hides what the kernel computes), as torch counts it."""
+    0.5078 of the whole at T = 64 (FlashAttention-2's convention, half, with the diagonal counted; this CPU's kernel
+    computes every entry at that length). The same causal mask passed as attn_mask: the whole product, as torch
+    counts it (a mask is data: no kernel skips what it hides)."""
     n, heads, t, d = 2, 4, 64, 16
     q, k, v = (torch.randn(n, heads, t, d, requires_grad=True) for _ in range(3))
     matmul = 2 * n * heads * t * t * d  # one T x T x d product, all heads and batch
@@ -118,14 +121,15 @@ def test_causal_sdpa_counts_the_lower_triangle_a_mask_or_written_out_attention_t
         assert common.meter.causal_entries(rows, cols) == int(torch.ones(rows, cols).tril().sum())
 
 
-def test_the_gpt_s_sdpa_count_is_the_written_out_one_less_what_the_causal_kernel_skips():
+def test_the_gpt_s_sdpa_count_is_the_written_out_one_less_its_strict_upper_triangles():
     """The small GPT (4 causal blocks of 4 heads of 32, width 128) on one sequence of T = 64 tokens, forward and
     backward, with SDPA and with the written-out attention in every block (the same weights). Everything but
     attention counts the same; per block and head, one T x T x d matmul over e score entries is 2 d e FLOPs. Written
-    out: 6 matmuls over all T^2 entries. SDPA: 7 over the lower triangle. So SDPA = written-out - 6 strict upper
-    triangles (T (T - 1) / 2 entries, what the causal kernel skips) + 1 lower triangle (T (T + 1) / 2: the backward's
-    recompute of q kᵀ). With the mask ignored (torch's own formulas), SDPA would count 7 whole matmuls: more than the
-    written-out attention that computes every score."""
+    out: 6 matmuls over all T^2 entries. SDPA: 7 over the lower triangle (the convention's count, whatever the kernel
+    computed). So SDPA = written-out - 6 strict upper triangles (T (T - 1) / 2 entries each, what the convention
+    leaves out) + 1 lower triangle (T (T + 1) / 2: the backward's recompute of q kᵀ). With the mask ignored (torch's
+    own formulas), SDPA would count 7 whole matmuls: more than the written-out attention that computes every
+    score."""
     t, depth, heads, head_dim = 64, 4, 4, 32
     model = common.build_model("gpt", common.data.TEXT_VOCAB, t)
     tokens = torch.randint(0, common.data.TEXT_VOCAB, (1, t), generator=torch.Generator().manual_seed(0))
@@ -146,33 +150,58 @@ def test_the_gpt_s_sdpa_count_is_the_written_out_one_less_what_the_causal_kernel
 def test_every_sdpa_kernel_s_aten_ops_count_causal_over_the_lower_triangle():
     """The ops F.scaled_dot_product_attention dispatches to on a GPU (flash, its float8 `quantized` overload,
     memory-efficient, cuDNN) and on a CPU, forward and backward, called as the dispatcher calls them on meta tensors
-    (shapes only: no GPU needed), each with is_causal at its own place in its schema: the lower triangle,
-    T (T + 1) / 2 of T^2 = 0.5078 at T = 64, when causal; torch's whole count when not."""
-    aten, (n, heads, t, d) = torch.ops.aten, (2, 4, 64, 16)
-    q = torch.empty(n, heads, t, d, device="meta", dtype=torch.float16)
-    matmul = 2 * n * heads * t * t * d
+    (shapes only: no GPU needed), each with is_causal at its own place in its schema: the lower triangle when causal,
+    torch's whole count when not. Self-attention, T (T + 1) / 2 of T^2 = 0.5078 at T = 64; and T queries against
+    S keys both ways (16 x 48, 48 x 16), where torch's is_causal keeps the top-left triangle, `ones(T, S).tril()`:
+    136 and 648 of 768 entries, so a count that took the keys for the queries would be off."""
+    aten, (n, heads, d) = torch.ops.aten, (2, 4, 16)
 
     def count(op, *args) -> int:
         with common.flop_counter() as counter:
             op(*args)
         return counter.get_total_flops()
 
-    for causal, share in [(False, 1), (True, (t + 1) / (2 * t))]:
-        forwards = [
-            (aten._scaled_dot_product_flash_attention, q, q, q, 0.0, causal),
-            (aten._scaled_dot_product_flash_attention.quantized, q, q, q, None, None, None, 0.0, causal),
-            (aten._scaled_dot_product_efficient_attention, q, q, q, None, True, 0.0, causal),
-            (aten._scaled_dot_product_cudnn_attention, q, q, q, None, True, 0.0, causal),
-            (aten._scaled_dot_product_flash_attention_for_cpu, q, q, q, 0.0, causal),
-        ]
-        flash, _, efficient, cudnn, cpu = (op(*args) for op, *args in forwards)
-        backwards = [  # the forward's outputs (out, logsumexp, sequence offsets, RNG state) as the backward takes them
-            (aten._scaled_dot_product_flash_attention_backward, q, q, q, q, *flash[:6], 0.0, causal, *flash[6:8]),
-            (aten._scaled_dot_product_efficient_attention_backward, q, q, q, q, None, *efficient,
-             0.0, [True, True, True, False], causal),
-            (aten._scaled_dot_product_cudnn_attention_backward, q, q, q, q, *cudnn[:2], *cudnn[6:8], None,
-             *cudnn[2:6], 0.0, causal),
-            (aten._scaled_dot_product_flash_attention_for_cpu_backward, q, q, q, q, *cpu, 0.0, causal),
-        ]  # fmt: skip
-        assert [count(*call) for call in forwards] == [2 * matmul * share] * 5  # q kᵀ, weights x v
-        assert [count(*call) for call in backwards] == [5 * matmul * share] * 4  # q kᵀ again, and 4 for the grads
+    for t, s in [(64, 64), (16, 48), (48, 16)]:
+        q = torch.empty(n, heads, t, d, device="meta", dtype=torch.float16)
+        k = torch.empty(n, heads, s, d, device="meta", dtype=torch.float16)  # keys and values
+        matmul = 2 * n * heads * t * s * d  # one T x S x d product, all heads and batch
+        for causal, entries in [(False, t * s), (True, int(torch.ones(t, s).tril().sum()))]:
+            forwards = [
+                (aten._scaled_dot_product_flash_attention, q, k, k, 0.0, causal),
+                (aten._scaled_dot_product_flash_attention.quantized, q, k, k, None, None, None, 0.0, causal),
+                (aten._scaled_dot_product_efficient_attention, q, k, k, None, True, 0.0, causal),
+                (aten._scaled_dot_product_cudnn_attention, q, k, k, None, True, 0.0, causal),
+                (aten._scaled_dot_product_flash_attention_for_cpu, q, k, k, 0.0, causal),
+            ]
+            flash, _, efficient, cudnn, cpu = (op(*args) for op, *args in forwards)
+            backwards = [  # the forward's outputs (out, logsumexp, sequence offsets, RNG state) as the backward takes
+                (aten._scaled_dot_product_flash_attention_backward, q, q, k, k, *flash[:6], 0.0, causal, *flash[6:8]),
+                (aten._scaled_dot_product_efficient_attention_backward, q, q, k, k, None, *efficient,
+                 0.0, [True, True, True, False], causal),
+                (aten._scaled_dot_product_cudnn_attention_backward, q, q, k, k, *cudnn[:2], *cudnn[6:8], None,
+                 *cudnn[2:6], 0.0, causal),
+                (aten._scaled_dot_product_flash_attention_for_cpu_backward, q, q, k, k, *cpu, 0.0, causal),
+            ]  # fmt: skip
+            share = matmul * entries // (t * s)  # one product over the counted entries
+            assert [count(*call) for call in forwards] == [2 * share] * 5, (t, s, causal)  # q kᵀ, weights x v
+            assert [count(*call) for call in backwards] == [5 * share] * 4, (t, s, causal)  # q kᵀ again, 4 grads
+
+
+def grouped_attention_step(q, k, v, is_causal: bool) -> None:
+    """Forward and backward of grouped-query attention: key and value have fewer heads than the query."""
+    F.scaled_dot_product_attention(q, k, v, is_causal=is_causal, enable_gqa=True).sum().backward()
+
+
+def test_causal_sdpa_with_fewer_key_value_heads_counts_every_query_head_over_the_lower_triangle():
+    """Grouped-query attention as a CPU runs it (F.scaled_dot_product_attention(enable_gqa=True): 4 query heads share
+    2 key/value heads, into the CPU's flash kernel), forward and backward, T queries against S keys both ways: each
+    query head does its own T x S products, so 7 of them (2 forward, 5 backward) for 4 heads, over the top-left lower
+    triangle when causal (136 or 648 of 768 entries), whole when not."""
+    n, heads, kv_heads, d = 2, 4, 2, 16
+    for t, s in [(16, 48), (48, 16)]:
+        q = torch.randn(n, heads, t, d, requires_grad=True)
+        k, v = (torch.randn(n, kv_heads, s, d, requires_grad=True) for _ in range(2))
+        per_entry = 7 * 2 * n * heads * d  # 7 products, every query head and batch, one score entry
+        for causal, entries in [(False, t * s), (True, int(torch.ones(t, s).tril().sum()))]:
+            flops = training_flops(functools.partial(grouped_attention_step, q, k, v, causal))
+            assert flops == per_entry * entries, (t, s, causal)

@@ -1,12 +1,13 @@
 """The meter: images/s, step time, data-wait, activation memory, FLOPs per image and peak memory of a training run.
 
 FLOPs are counted by `flop_counter()`, the one counter of the project (the Meter, bench/peak.py, the model-parallel
-scripts' cuts): torch.utils.flop_counter's formulas as they ran (hardware FLOPs: a recompute counts), except that
-causal `F.scaled_dot_product_attention` (is_causal=True) is counted as the lower triangle a causal kernel computes,
-FlashAttention's convention, not as the whole T x T product torch's formulas credit it with. The tables' "of peak"
-(achieved FLOP/s over the measured matmul peak) uses this count. PaLM's MFU is defined on another count, the model's
-6 N + 12 L d T FLOPs per token (whole T x T attention, no recompute): `flops_per_token_palm` in a GPT's metrics
-(common/metrics.py's `text_flops`), never the tables' of-peak.
+scripts' cuts): torch.utils.flop_counter's formulas for the ops as they ran (a recompute counts), except that causal
+`F.scaled_dot_product_attention` (is_causal=True) is counted over the lower triangle of its scores, diagonal included:
+FlashAttention-2's counting convention for causal attention (the useful FLOPs), not the whole T x T product torch's
+formulas credit it with, and not what every kernel computes (torch's CPU kernel computes about the whole product up
+to T = 512: see `flop_counter`). The tables' "of peak" (achieved FLOP/s over the measured matmul peak) uses this
+count. PaLM's MFU is defined on another count, the model's 6 N + 12 L d T FLOPs per token (whole T x T attention, no
+recompute): `flops_per_token_palm` in a GPT's metrics (common/metrics.py's `text_flops`), never the tables' of-peak.
 """
 
 from __future__ import annotations
@@ -40,8 +41,9 @@ class _TotalOnly:
 
 
 def causal_entries(rows: int, cols: int) -> int:
-    """How many of a (rows x cols) attention matrix's score entries a causal kernel computes: row i (a query) sees
-    keys 0 ... i, min(i + 1, cols) of them, torch's `is_causal` (the top-left lower triangle, `ones(L, S).tril()`).
+    """How many of a (rows x cols) attention matrix's score entries causal attention uses, the count FlashAttention-2's
+    convention credits (a tiled kernel may compute more): row i (a query) sees keys 0 ... i, min(i + 1, cols) of them,
+    torch's `is_causal` (the top-left lower triangle, `ones(L, S).tril()`).
     rows = cols = T: T (T + 1) / 2 of the T^2, the diagonal included. An int, a count of entries (no unit)."""
     side = min(rows, cols)
     return side * (side + 1) // 2 + max(0, rows - cols) * cols
@@ -49,7 +51,7 @@ def causal_entries(rows: int, cols: int) -> int:
 
 def causal_share(flops: int, rows: int, cols: int, is_causal: bool) -> int:
     """`flops` (an attention op's FLOPs, every term of which is a product over all rows x cols score entries, as
-    torch's sdpa formulas are) scaled to the entries a causal kernel computes when `is_causal`, else unchanged.
+    torch's sdpa formulas are) scaled to the causal entries (`causal_entries`) when `is_causal`, else unchanged.
     Exact in integers: each term of torch's count is a multiple of rows x cols."""
     return flops * causal_entries(rows, cols) // (rows * cols) if is_causal else flops
 
@@ -101,19 +103,26 @@ def flop_counter() -> FlopCounterMode:
     `get_total_flops()`, an int of FLOPs, a multiply-add counting 2) with torch's formulas, except causal attention.
 
     torch's formulas for SDPA ignore the mask (its source: "NB: We aren't accounting for causal attention here"): they
-    credit a causal kernel with the whole T x T product of q kᵀ and of the weights times v, forward and backward,
-    when it computes only the blocks on and below the diagonal. Here the SDPA aten ops called with is_causal=True
-    (CAUSAL_ATTENTION_FLOPS) count the lower triangle: `causal_entries(T, S)` of the T x S scores, T (T + 1) / 2 for
-    self-attention; forward 2 matmuls (4 d FLOPs an entry and head), backward 5 (torch's count, q kᵀ recomputed).
-    That is FlashAttention's convention: FlashAttention-2 (Dao 2023, section 4.1, and the benchmark script of the
-    flash-attention repository: forward 4 T^2 d heads FLOPs, halved when causal, backward 2.5 x forward) counts
-    causal attention as half the non-causal; here the diagonal counts too, T (T + 1) / 2 and not T^2 / 2 (1 / (2 T)
-    more: 0.1 % at T = 512). Left at the full count, because the full product is what runs: SDPA with an explicit
-    attn_mask (a kernel cannot skip what a mask only hides), SDPA's math backend (plain matmuls, then the mask), and
-    attention written out (`softmax(q kᵀ / √d + mask) v`, train_sdpa.py --attention written-out) whose matmuls
-    compute every score before the mask sets the upper triangle to -inf. So on one causal GPT, the written-out
-    attention counts its 6 T x T matmuls whole (2 forward, 2 x 2 backward) and SDPA 7 (its backward recomputes
-    q kᵀ) over the triangle: written-out minus 6 strict upper triangles plus 1 lower one."""
+    count a causal call as the whole T x T product of q kᵀ and of the weights times v, forward and backward. Here the
+    SDPA aten ops called with is_causal=True (CAUSAL_ATTENTION_FLOPS) count the lower triangle: `causal_entries(T, S)`
+    of the T x S scores, T (T + 1) / 2 for self-attention; forward 2 matmuls (4 d FLOPs an entry and head), backward
+    5 (torch's count, q kᵀ recomputed). That is FlashAttention-2's counting convention for causal attention (Dao 2023,
+    section 4.1, and the benchmark script of the flash-attention repository: forward 4 T^2 d heads FLOPs, halved when
+    causal, backward 2.5 x forward), the useful FLOPs; here the diagonal counts too, T (T + 1) / 2 and not T^2 / 2
+    (1 / (2 T) more: 0.1 % at T = 512).
+
+    A convention, not what every kernel computes: kernels work in tiles. torch's CPU flash kernel computes each query
+    block's keys in tiles of 512, in full, then masks, so up to T = 512 it computes about the whole T x T product
+    (measured, forward, causal over non-causal time: 0.96 at T = 256, 1.01 at 512, 0.61 at 2048); FlashAttention-2 on
+    a GPU skips the tiles above the diagonal but computes those across it in full. So on a CPU at short contexts the
+    TFLOP/s and "of peak" of a causal SDPA under-read the work done there.
+
+    Counted whole, as torch counts them: SDPA with an explicit attn_mask (the mask is data, and no kernel skips what
+    it hides), SDPA's math backend (plain matmuls, then the mask), and attention written out
+    (`softmax(q kᵀ / √d + mask) v`, train_sdpa.py --attention written-out), whose matmuls compute every score before
+    the mask sets the upper triangle to -inf. So on one causal GPT, the written-out attention counts its 6 T x T
+    matmuls whole (2 forward, 2 x 2 backward) and SDPA 7 (its backward recomputes q kᵀ) over the triangle:
+    written-out minus 6 strict upper triangles plus 1 lower one."""
     counter = FlopCounterMode(display=False, custom_mapping=CAUSAL_ATTENTION_FLOPS)
     counter.mod_tracker = _TotalOnly()
     return counter
@@ -157,9 +166,10 @@ class Meter:
     - training FLOPs per image: `flop_counter()` (torch.utils.flop_counter's FlopCounterMode) from the arrival of the
       second step's batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls,
       convolutions and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and AdamW's update
-      are not counted; Muon's Newton-Schulz matmuls are, as an activation-checkpointing recompute is: hardware FLOPs,
-      not the model's), causal SDPA over the lower triangle of its T x T scores (FlashAttention's convention; the
-      written-out attention computes them all and counts them all: see `flop_counter`).
+      are not counted; Muon's Newton-Schulz matmuls are, as an activation-checkpointing recompute is: the FLOPs that
+      ran, not the model's), causal SDPA over the lower triangle of its T x T scores whatever its kernel computed
+      (FlashAttention-2's counting convention; the written-out attention computes them all and counts them all: see
+      `flop_counter`).
       Batches of varying length (`step(..., tokens=)`): the step's FLOPs per real token, pads' work included, times the
       window's real tokens per sample (the counted batch's width stands for the window's: attention's share is
       approximate). DataParallel's replicas run their forward in threads the counter does not see (train_DP.py reports

@@ -85,9 +85,10 @@ def write_metrics(path: Path | None, **fields) -> dict:
 
 def text_flops(args: argparse.Namespace, params: int | None, seq_len: int, counted: float | None) -> dict:
     """A language model's training FLOPs per token two ways (floats, FLOPs a token; None where not counted):
-    `flops_per_token`, as the Meter's counter (common.meter.flop_counter) counted them on a real step: hardware
-    FLOPs as they ran, recomputes included, causal SDPA over the lower triangle of its T x T scores (FlashAttention's
-    convention); the tables' TFLOP/s and "of peak" use this. And `flops_per_token_palm`, the model FLOPs PaLM's MFU is
+    `flops_per_token`, as the Meter's counter (common.meter.flop_counter) counted them on a real step: the ops as they
+    ran, recomputes included, except causal SDPA, counted over the lower triangle of its T x T scores by
+    FlashAttention-2's convention whatever its kernel computed (on a CPU up to T = 512 it computes about the whole
+    product); the tables' TFLOP/s and "of peak" use this. And `flops_per_token_palm`, the model FLOPs PaLM's MFU is
     defined on: 6 N + 12 L d T (Chowdhery et al. 2022, PaLM, appendix B: 6 FLOPs per parameter per token for the
     matmuls forward and backward, and 12 L d T for attention's two T x T products, whole, no recompute), with N the
     parameters less the token and position tables (a lookup is no matmul), L blocks of width d, T tokens of context.
