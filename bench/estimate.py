@@ -14,6 +14,7 @@ the estimate errs long), and each line names its source.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shlex
 import statistics
@@ -82,6 +83,11 @@ class Recorded:
     source: str
 
 
+def _number(value) -> bool:
+    """Whether a metrics value is a finite number (not a bool, a string, a list...)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _records(folder: Path) -> pd.DataFrame:
     """The runs a folder recorded: its runs.csv, or where it has none (a probe's folder), its metrics JSON files
     (their own `command`; no wall time, so no time outside training)."""
@@ -95,7 +101,13 @@ def _records(folder: Path) -> pd.DataFrame:
             record = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        if isinstance(record, dict) and isinstance(record.get("command"), list) and "train_s" in record:
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("command"), list)
+            and all(isinstance(part, str) for part in record["command"])
+            and all(_number(record.get(key)) for key in ("train_s", "steps"))
+            and (record.get("first_step_s") is None or _number(record["first_step_s"]))
+        ):  # a run's own record: anything else in the folder (another JSON, a damaged one) is not one
             rows.append({"command": shlex.join(record["command"]), "config": path.stem, "status": record.get("status"),
                          "steps": record.get("steps"), "train_s": record["train_s"],
                          "first_step_s": record.get("first_step_s")})  # fmt: skip

@@ -54,8 +54,8 @@ def load_profile(matrix: Path, profile: str) -> dict:
     if not isinstance(runs, list) or not all(isinstance(run, dict) for run in runs):
         fail(f"{where}: runs must be tables ([[{profile}.runs]])")
     names = [run.get("name") for run in runs]
-    if not runs or None in names or len(set(names)) != len(names):
-        fail(f"{where} needs runs, each with a unique name")
+    if not runs or not all(isinstance(name, str) and name for name in names) or len(set(names)) != len(names):
+        fail(f"{where} needs runs, each with a unique name (a string)")
     _check_values(table, where)
     if "pairs" in table and not (isinstance(table["pairs"], int) and not isinstance(table["pairs"], bool)
                                  and table["pairs"] >= 0):  # fmt: skip

@@ -44,10 +44,12 @@ def load_topics() -> list[dict]:
     try:
         topics = tomllib.loads(path.read_text())["topic"]
         for topic in topics:
+            if not isinstance(topic, dict):
+                raise TypeError(f"a topic that is not a table: {topic!r}")
             missing = [key for key in ("name", "folder", "what") if key not in topic]
             if missing:
                 raise KeyError(f"a topic without {', '.join(missing)}")
-    except (OSError, tomllib.TOMLDecodeError, KeyError, TypeError) as error:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, KeyError, TypeError) as error:
         raise SystemExit(
             f"{Path(sys.argv[0]).name}: error: {path}: {error!r} (want [[topic]] tables of name, folder, what)"
         )

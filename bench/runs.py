@@ -122,15 +122,19 @@ def finished_rows(out: Path) -> dict:
     """For --resume: the ok rows of OUT/runs.csv whose metrics JSON is still there, by (config, repeat)."""
     try:
         previous = pd.read_csv(out / "runs.csv", dtype={"config": str})
-    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError):
-        return {}
-    if "status" not in previous or "repeat" not in previous:
+    except (OSError, UnicodeDecodeError, pd.errors.EmptyDataError, pd.errors.ParserError):
+        return {}  # no rows to keep: every run runs again
+    if not {"status", "repeat", "config", "log"} <= set(previous.columns):
         return {}
     rows = {}
     for row in previous[previous.status == "ok"].to_dict("records"):
-        metrics = out / "metrics" / Path(str(row.get("log", ""))).with_suffix(".json").name
-        if metrics.exists():
-            rows[(row["config"], int(row["repeat"]))] = row
+        try:
+            key = (row["config"], int(row["repeat"]))
+            metrics = out / "metrics" / Path(str(row["log"])).with_suffix(".json").name
+        except (TypeError, ValueError, OverflowError):
+            continue  # a damaged row (no repeat number, no log name): its run runs again
+        if isinstance(key[0], str) and metrics.is_file():
+            rows[key] = row
     return rows
 
 

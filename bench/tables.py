@@ -366,8 +366,11 @@ def peak_table(out: Path) -> str:
     runs, env = pd.read_csv(out / "runs.csv", dtype={"config": str}), json.loads((out / "env.json").read_text())
     counted, rows = {}, []
     for r in runs[runs.status == "ok"].to_dict("records"):
-        record = json.loads((out / "metrics" / Path(str(r["log"])).with_suffix(".json").name).read_text())
-        resolved = record.get("args") or {}
+        path = out / "metrics" / Path(str(r["log"])).with_suffix(".json").name
+        record = json.loads(path.read_text())
+        if not isinstance(record, dict):
+            raise ValueError(f"{path} is not a run's metrics (a JSON object)")
+        resolved = dict(record["args"]) if isinstance(record.get("args"), dict) else {}
         argv = str(r.get("command", "")).split()  # older metrics have no resolved args: the command line has them
         for flag in ("--model", "--image-size"):
             if flag in argv[:-1] and not resolved.get(flag[2:].replace("-", "_")):
@@ -377,9 +380,14 @@ def peak_table(out: Path) -> str:
             continue  # a loader-only row trains no model
         fashion_mnist = record.get("dataset") == "fashion-mnist" and not str(record.get("script")).startswith("loader")
         channels = 1 if fashion_mnist else 3  # common.input_shape; the loaders read RGB JPEGs
-        size = 28 if fashion_mnist else int(record.get("image_size") or resolved.get("image_size") or 224)
+        try:
+            size = 28 if fashion_mnist else int(record.get("image_size") or resolved.get("image_size") or 224)
+        except (TypeError, ValueError, OverflowError):
+            raise ValueError(f"{path}: image_size {record.get('image_size')!r} is not a number of pixels") from None
+        if not 0 < size <= 4096:
+            raise ValueError(f"{path}: image_size {size} is not a side in pixels")
         flops, where = record.get("flops_per_image"), "in the run"
-        if not flops:
+        if not (isinstance(flops, int | float) and not isinstance(flops, bool) and 0 < flops < float("inf")):
             key = (model, channels, size)
             counted.setdefault(key, count_flops_per_image(*key))
             flops, where = counted[key], "counted here"

@@ -71,18 +71,21 @@ def test_a_checkpoint_round_trip_restores_model_optimizer_loss_scale_and_epoch_r
     common.save_checkpoint(
         tmp_path / "last.pt", _args(), model, optimizer, 1, 10, records, scaler=scaler, sampler_epoch=1
     )
-    assert sorted(p.name for p in tmp_path.iterdir()) == [f".last.pt.{os.getppid()}.tmp", "last.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [f".last.pt.{os.getppid()}.tmp", "last.pt", "last.pt.sha256"]
     state = common.load_checkpoint(tmp_path / "last.pt", _args(), twin, twin_optimizer, scaler=twin_scaler)
     assert state["epoch"] == 1 and state["step"] == 10 and state["sampler_epoch"] == 1 and state["epochs"] == records
     assert state["format"] == common.checkpoint.CHECKPOINT_FORMAT and state["made_by"]["state"] == ["scaler"]
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), twin.state_dict().values()))
     assert twin_optimizer.state_dict()["state"][0]["step"] == 1 and twin_scaler.get_scale() == 1024.0
 
-    del state["epochs"]  # a file saved before the records were
+    del state["epochs"]  # a file saved before the records were (and before the digest beside it)
     torch.save(state, tmp_path / "last.pt")
+    (tmp_path / "last.pt.sha256").unlink()
     older = common.load_checkpoint(tmp_path / "last.pt", _args(), twin, twin_optimizer, scaler=twin_scaler)
     assert older["epochs"] == [] and older["step"] == 10
     gathered = {"model": model.state_dict()}  # what gather_full_state gives rank 0 (no process group needed here)
+    (tmp_path / "step10").mkdir()  # the DCP folder the save completes (its files listed in step10/digests.sha256)
+    (tmp_path / "step10" / ".metadata").write_bytes(b"what dcp.save wrote")
     assert common.distributed.write_full_state(tmp_path / "full.pt", _args(), gathered, 1, 10, sharded="step10")
     state = common.load_checkpoint(tmp_path / "full.pt", _args(), None)
     assert state["epochs"] == [] and state["sharded"] == "step10"

@@ -1,11 +1,14 @@
-"""Checkpoints: what a resume must share with the run that saved it, saved atomically, refused in one line."""
+"""Checkpoints: what a resume must share with the run that saved it, saved atomically with a digest of their bytes,
+refused in one line."""
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
-import pickle
+import re
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -15,7 +18,7 @@ import torch.nn as nn
 from .env import in_process_group
 from .errors import die, first_line
 from .models import TEXT_MODELS
-from .io import WriteFailed, atomic_write
+from .io import WriteFailed, atomic_write, atomic_write_text
 from .runstate import RUN
 
 # 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders; 3: + subset, seed,
@@ -86,6 +89,155 @@ def checkpoint_origin(args: argparse.Namespace, optimizer: torch.optim.Optimizer
     }
 
 
+# -- digests: a checkpoint's sha256, written before it, checked before anything of it is loaded --------------------
+# torch's zip reader does not check the CRCs its archive carries: a bit flipped on disk or in a copy loads silently.
+# So every file a resume reads has its sha256 beside it: last.pt's in last.pt.sha256 (`digest_path`), each file of a
+# DCP folder (train_FSDP.py's `sharded-stepN/`) in that folder's digests.sha256, whose own sha256 last.pt holds
+# ("sharded_sha256"). Both are in `sha256sum` format: `sha256sum -c last.pt.sha256` checks by hand.
+FOLDER_DIGESTS = "digests.sha256"  # in a DCP folder: every file's sha256, written once its save has finished
+_DIGEST_LINE = re.compile(r"([0-9a-f]{64})  (\S[^\n]*)")  # "HEX  NAME", as sha256sum writes it
+_MAX_DIGEST_FILE = 1 << 20  # bytes: a digest list is a few lines; more is not one
+
+
+class BadDigests(ValueError):
+    """A digest file (last.pt.sha256, a folder's digests.sha256) that cannot be read or is not `sha256sum` lines."""
+
+
+class _Hashing:
+    """A binary file object's `write` and `flush` that also feed a sha256: the digest of exactly the bytes written
+    (torch.save writes a file object sequentially)."""
+
+    def __init__(self, f):
+        self.f, self.sha256 = f, hashlib.sha256()
+
+    def write(self, data) -> int:
+        self.sha256.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def _sha256_of(f) -> str:
+    """The hex sha256 of what remains of the binary file object `f`, read in 1 MiB chunks."""
+    sha256 = hashlib.sha256()
+    for chunk in iter(lambda: f.read(1 << 20), b""):
+        sha256.update(chunk)
+    return sha256.hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """The hex sha256 of the file `path` (64 characters), streamed. Raises OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        return _sha256_of(f)
+
+
+def digest_path(path: Path) -> Path:
+    """Where the sha256 of the checkpoint `path` is kept: beside it, `path` + ".sha256" (ck/last.pt.sha256)."""
+    path = Path(path)
+    return path.with_name(path.name + ".sha256")
+
+
+def read_digests(path: Path) -> list[tuple[str, str]] | None:
+    """The (hex sha256, name) lines of the digest file `path` (`sha256sum` format), in order; None when there is no
+    such file. Raises BadDigests (its message: why) when it cannot be read, is larger than 1 MiB, is not UTF-8, has a
+    line of another form, or lists nothing."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(_MAX_DIGEST_FILE + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        raise BadDigests(f"cannot be read: {error.strerror or first_line(error)}") from None
+    if len(raw) > _MAX_DIGEST_FILE:
+        raise BadDigests("larger than a list of digests")
+    try:
+        lines = raw.decode().splitlines()
+    except UnicodeDecodeError:
+        raise BadDigests("not text") from None
+    entries = []
+    for number, line in enumerate(lines, 1):
+        match = _DIGEST_LINE.fullmatch(line)
+        if match is None:
+            raise BadDigests(f"line {number} is not `SHA256  NAME`")
+        entries.append((match[1], match[2]))
+    if not entries:
+        raise BadDigests("it lists no digest")
+    return entries
+
+
+def _digest_text(digests: list[str], name: str) -> str:
+    return "".join(f"{digest}  {name}\n" for digest in digests)
+
+
+def seal_folder(folder: Path) -> str:
+    """Write `folder/digests.sha256` (atomically): the sha256 of every file under `folder` (a finished DCP save:
+    .metadata and every rank's .distcp files), by path relative to it, sorted; return the sha256 of that list, which
+    last.pt keeps ("sharded_sha256") so that the list itself is checked too. Reads every byte of the folder (rank 0,
+    after the collective save returned: every rank's files are on disk). Raises FileNotFoundError when `folder` is not
+    a folder, WriteFailed when the list cannot be written."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{folder}: no such checkpoint folder to list")
+    files = sorted(
+        path for path in folder.rglob("*")
+        if path.is_file() and path.name != FOLDER_DIGESTS and not path.name.startswith(f".{FOLDER_DIGESTS}.")
+    )  # fmt: skip
+    text = "".join(f"{file_sha256(path)}  {path.relative_to(folder).as_posix()}\n" for path in files)
+    atomic_write_text(folder / FOLDER_DIGESTS, text)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _refuse_changed(file: Path, where: str) -> None:
+    die(
+        f"--resume: {file} changed after it was written (its sha256 is not the one {where}): a damaged copy, a disk "
+        "error or another file; use a new --checkpoint-dir or the file's original copy"
+    )
+
+
+def check_folder(path: Path, state: dict) -> None:
+    """Check the DCP folder that the checkpoint `path` (already checked and loaded as `state`) names in
+    `state["sharded"]`, before dcp.load reads it: its digests.sha256 has the sha256 last.pt holds, and every file it
+    lists is there with its sha256. Exits with one line (exit 2) naming the file that is missing or changed; a
+    checkpoint saved before folders carried digests (no "sharded_sha256") loads with one line on stdout saying that
+    its folder could not be checked. Reads every byte of the folder."""
+    name = state.get("sharded")
+    if not isinstance(name, str) or not name:
+        die(f"--resume: {path} names no sharded checkpoint folder ({name!r}); use a new --checkpoint-dir")
+    folder = Path(path).parent / name
+    expected = state.get("sharded_sha256")
+    if expected is None:
+        print(f"{folder} carries no digests (saved before checkpoints did): its files could not be checked", flush=True)
+        return
+    listing = folder / FOLDER_DIGESTS
+    try:
+        with open(listing, "rb") as f:
+            raw = f.read(_MAX_DIGEST_FILE + 1)
+    except OSError as error:
+        die(
+            f"--resume: {listing} cannot be read ({error.strerror or first_line(error)}), and {path} names that "
+            "folder; restore the folder's original copy or use a new --checkpoint-dir"
+        )
+    if hashlib.sha256(raw).hexdigest() != expected:
+        _refuse_changed(listing, f"{path} holds")
+    try:
+        entries = read_digests(listing)
+    except BadDigests as error:  # its sha256 matched: only a bug writes such a list
+        die(f"--resume: {listing} is not a list of digests ({error}); use a new --checkpoint-dir")
+    for digest, relative in entries:
+        file = folder / relative
+        try:
+            actual = file_sha256(file)
+        except OSError as error:
+            die(
+                f"--resume: {file} cannot be read ({error.strerror or first_line(error)}), and {listing} lists it; "
+                "restore the folder's original copy or use a new --checkpoint-dir"
+            )
+        if actual != digest:
+            _refuse_changed(file, f"in {listing}")
+
+
 def _alive(pid: int) -> bool:
     """Whether process `pid` exists (signal 0 checks without sending anything)."""
     try:
@@ -98,10 +250,22 @@ def _alive(pid: int) -> bool:
 
 
 def _shown(value) -> str:
-    """A made_by value in a message: lists joined by commas, empty ones and None as "none"."""
+    """A made_by value in a message: lists joined by commas, empty ones and None as "none"; one line of at most 160
+    characters (a damaged file's value may be anything, a tensor's repr of many lines)."""
     if isinstance(value, list):
-        return ", ".join(map(str, value)) or "none"
-    return "none" if value is None else str(value)
+        text = ", ".join(map(str, value)) or "none"
+    else:
+        text = "none" if value is None else str(value)
+    return " ".join(text.split())[:160]
+
+
+def _same(saved, here) -> bool:
+    """Whether a made_by value of the file equals this run's: False where the comparison itself fails (a tensor or
+    another object that a damaged file of the time before digests may hold)."""
+    try:
+        return bool(saved == here)
+    except Exception:
+        return False
 
 
 def save_checkpoint(
@@ -123,6 +287,15 @@ def save_checkpoint(
     kills a writer); temporary files that killed writers left behind are removed. Pass the bare model (`model.module`
     for DP / DDP).
 
+    The file's sha256 goes beside it, in `path` + ".sha256" (`digest_path`), which `load_checkpoint` checks before it
+    loads anything. Computed over the bytes as they are written, then, before the rename, the digest list is written
+    (atomically) with the new digest first and the ones it held before after it (the file still in place until the
+    rename); once the file is renamed, the list is rewritten with its digest alone. So a process killed at any moment
+    leaves a last.pt whose digest is listed: the old file, listed until the new one is in place, or the new one. With
+    `sharded="sharded-stepN"` (train_FSDP.py's: the DCP folder beside `path` that this save completes), the folder's
+    files are listed first (`seal_folder`: its digests.sha256) and the list's sha256 goes into the file
+    ("sharded_sha256"), so that a resume checks the shards too; the folder is named in last.pt only after that.
+
     A write that fails (disk full, I/O error: `WriteFailed`) removes its temporary file, leaves the previous
     checkpoint as it was, prints one line on stderr naming the file and the OS error, and returns False: the run goes
     on, so that its numbers are not lost, and `Preemption.exit` ends it with status 1. Returns True once written.
@@ -139,13 +312,51 @@ def save_checkpoint(
         "epochs": [] if epochs is None else epochs,
         **{name: value.state_dict() if name in holders else value for name, value in extra.items()},
     }
-    for stale in path.parent.glob(f".{path.name}.*.tmp"):
+    for stale in path.parent.glob(f".{path.name}.*.tmp"):  # (the digest list's too: .last.pt.sha256.PID.tmp)
         pid = stale.name.split(".")[-2]
         if pid.isdigit() and not _alive(int(pid)):  # left by a writer killed mid-write
             stale.unlink(missing_ok=True)
+    listing = digest_path(path)
     try:
-        atomic_write(path, lambda f: torch.save(state, f))
+        before = listing.read_bytes()  # put back as it was if the new file cannot be written
+    except OSError:
+        before = None
+    try:
+        listed = read_digests(listing)
+    except BadDigests:
+        listed = []  # a damaged list vouches for nothing: the file in place stays unlisted
+    previous = [digest for digest, _ in listed] if listed is not None else []
+    if listed is None and path.is_file():  # a file from before the digests: listed until the new one is in place
+        try:
+            previous = [file_sha256(path)]
+        except OSError:
+            pass
+    hashing, listed_new = None, False
+
+    def write(f) -> None:
+        nonlocal hashing
+        hashing = _Hashing(f)
+        torch.save(state, hashing)
+
+    def list_both() -> None:  # on disk before the rename: whichever file a kill leaves in place is listed
+        nonlocal listed_new
+        new = hashing.sha256.hexdigest()
+        atomic_write_text(listing, _digest_text([new, *(d for d in previous if d != new)], path.name))
+        listed_new = True
+
+    try:
+        if isinstance(extra.get("sharded"), str):  # a DCP save has finished: its files' digests before its name
+            state["sharded_sha256"] = seal_folder(path.parent / extra["sharded"])
+        atomic_write(path, write, before_replace=list_both)
     except WriteFailed as error:
+        if listed_new:  # the list as it was (the one written lists the old file too: this is only tidier)
+            try:
+                if before is None:
+                    listing.unlink(missing_ok=True)
+                else:
+                    atomic_write(listing, lambda f: f.write(before))
+            except OSError:
+                pass
         RUN["failed_writes"].append(str(error))
         print(
             f"{Path(sys.argv[0]).name}: error: {error}; the previous checkpoint is left as it was, training goes on "
@@ -154,6 +365,10 @@ def save_checkpoint(
             flush=True,
         )
         return False
+    try:
+        atomic_write_text(listing, _digest_text([hashing.sha256.hexdigest()], path.name))  # the file's digest alone
+    except WriteFailed:
+        pass  # the list written before the rename holds it too
     RUN["saved"] = (path, step)
     return True
 
@@ -184,20 +399,43 @@ def load_checkpoint(
     before the save, which the resumed run goes on appending to: `[]` in a file saved without them (a file older than
     the records, or a caller that keeps none), so that a script can always read `state["epochs"]`.
 
-    Checks before loading anything: the format version, then that the file was made by a run like this one (every
-    CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed, world size, batch per
-    process, accumulation steps, optimizer and extra state, schedule, stage cut), so a resume never trains from a
-    partially loaded or silently different state, nor skips other samples than the ones its epoch already trained
-    on. Exits with one line (exit 2) that names the file, what it was saved from and what this run asked for, or why
-    it is unreadable (not a checkpoint, truncated, or a pickle with code in it: loaded with weights_only=True), or
-    what in it does not fit the model or optimizer (an optimizer state's shapes are checked too).
+    Checks before loading anything: the file's sha256 against the list saved beside it (`digest_path`; a file changed
+    after it was written is refused in one line naming it; a file saved before the digests, without the list, loads
+    with one line on stdout saying it could not be checked), the format version, then that the file was made by a
+    run like this one (every CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed,
+    world size, batch per process, accumulation steps, optimizer and extra state, schedule, stage cut), so a resume
+    never trains from a partially loaded or silently different state, nor skips other samples than the ones its
+    epoch already trained on. Exits with one line (exit 2) that names the file, what it was saved from and what this
+    run asked for, or why it is unreadable (not a checkpoint, truncated, or a pickle with code in it: loaded with
+    weights_only=True; any exception torch.load raises on its bytes), or what in it does not fit the model or
+    optimizer (an optimizer state's shapes are checked too), or that it holds no run's progress. A file that names a
+    DCP folder (`state["sharded"]`) has that folder checked too (`check_folder`: every file's sha256) before it
+    returns, so before the script's dcp.load.
     """
+    path = Path(path)
+    listing = digest_path(path)
     try:
-        state = torch.load(path, map_location=device, weights_only=True)
-    except (OSError, EOFError, RuntimeError, ValueError, pickle.UnpicklingError) as error:
+        listed = read_digests(listing)
+    except BadDigests as error:
+        die(
+            f"--resume: {listing}, the sha256 of {path} saved beside it, is damaged ({error}); use a new "
+            "--checkpoint-dir or the files' original copies"
+        )
+    try:
+        with open(path, "rb") as f:
+            if listed is not None and _sha256_of(f) not in [digest for digest, _ in listed]:
+                _refuse_changed(path, f"saved beside it in {listing.name}")
+            if listed is None:
+                print(f"{path} has no {listing.name} beside it (saved before checkpoints carried a digest): its bytes "
+                      "could not be checked", flush=True)  # fmt: skip
+            f.seek(0)
+            with warnings.catch_warnings():  # ("Detected pickle protocol 122": lines beside the one line)
+                warnings.simplefilter("ignore")
+                state = torch.load(f, map_location=device, weights_only=True)
+    except Exception as error:  # any bytes: torch.load raises IndexError, KeyError ... as well as its own errors
         die(f"--resume: {path} is not a readable checkpoint ({first_line(error)}); use a new --checkpoint-dir")
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        found = state.get("format", "none") if isinstance(state, dict) else "not a checkpoint dict"
+        found = _shown(state.get("format", "none")) if isinstance(state, dict) else "not a checkpoint dict"
         die(
             f"--resume: {path} has checkpoint format {found}, this code reads format {CHECKPOINT_FORMAT}; "
             "use a new --checkpoint-dir"
@@ -208,13 +446,19 @@ def load_checkpoint(
     differ = [
         f"{label} {_shown(saved.get(key))} there, {_shown(here[key])} here"
         for key, label in CHECKPOINT_MATCH.items()
-        if saved.get(key) != here[key]
+        if not _same(saved.get(key), here[key])
     ]
     if differ:
         die(
             f"--resume: {path} was saved by another kind of run ({'; '.join(differ)}); resume with the script and "
             "flags that saved it, or use a new --checkpoint-dir"
         )
+    counts = {key: state.get(key) for key in ("epoch", "step")}  # what the scripts read of it, before anything loads
+    whole = all(type(value) is int and value >= 0 for value in counts.values())
+    if not whole or not isinstance(state.get("epochs", []), list):
+        die(f"--resume: {path} does not hold a run's progress ({_shown(counts)}); use a new --checkpoint-dir")
+    if "sharded" in state:  # a DCP folder (train_FSDP.py): checked whole before dcp.load reads any of it
+        check_folder(path, state)
     try:
         if model is not None:
             model.load_state_dict(state["model"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
@@ -14,11 +15,17 @@ from .io import output_problem
 from .models import DEFAULTS, MODELS, SCHEDULE_DEFAULTS, TEXT_MODELS, vit_patch_size
 
 
+def _as_given(text: str) -> str:
+    """A flag's value in its one-line error: as typed, or quoted with escapes where it holds a line break or another
+    character that does not print (`--epochs $'\\r0'` would else split the line)."""
+    return text if text.isprintable() else repr(text)
+
+
 def positive_int(text: str) -> int:
     """argparse type: an integer >= 1 (otherwise one usage error, exit 2)."""
     value = int(text)
     if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {_as_given(text)}")
     return value
 
 
@@ -26,30 +33,46 @@ def non_negative_int(text: str) -> int:
     """argparse type: an integer >= 0."""
     value = int(text)
     if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {_as_given(text)}")
+    return value
+
+
+def seed_int(text: str) -> int:
+    """argparse type: a seed, an integer from 0 to 2**32 - 1 (NumPy's range: `seed_everything` seeds NumPy too)."""
+    value = int(text)
+    if not 0 <= value < 2**32:
+        raise argparse.ArgumentTypeError(f"must be an integer from 0 to 4294967295, got {_as_given(text)}")
+    return value
+
+
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (nan and infinities refused: no run reaches or computes with them)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {_as_given(text)}")
     return value
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a number > 0 (nan refused)."""
+    """argparse type: a finite number > 0 (nan and inf refused)."""
     value = float(text)
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {_as_given(text)}")
     return value
 
 
 def non_negative_float(text: str) -> float:
-    """argparse type: a number >= 0 (nan refused)."""
+    """argparse type: a finite number >= 0 (nan and inf refused)."""
     value = float(text)
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    if not 0 <= value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {_as_given(text)}")
     return value
 
 
 def _fraction(text: str) -> float:
     value = float(text)
     if not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"must be in (0, 1], e.g. 0.91 for 91 %, got {text}")
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], e.g. 0.91 for 91 %, got {_as_given(text)}")
     return value
 
 
@@ -220,7 +243,7 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
         "common/models.py's DEFAULTS)",
     )
     p.add_argument("--workers", type=non_negative_int, default=2, help="DataLoader worker processes")
-    p.add_argument("--seed", type=int, default=0, help="seed of every random number generator")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of every random number generator (0 to 2**32 - 1)")
     p.add_argument(
         "--deterministic",
         action="store_true",
@@ -243,7 +266,7 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--target-loss",
-        type=float,
+        type=finite_float,
         default=None,
         help="--model gpt / gpt2: report the training seconds and steps until the loss on a fixed sample of the "
         "held-out text first reaches this (nats per character), probed every --eval-every steps with the clock stopped",

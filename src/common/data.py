@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import math
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -77,18 +79,19 @@ class BadDataFile(ValueError):
 
 def read_idx(path: Path) -> np.ndarray:
     """Read a gzipped IDX file (the MNIST format: magic 0x0000 08 NDIM, NDIM big-endian sizes, then uint8 data) into a
-    uint8 array of those sizes. Raises BadDataFile naming the file when it is not gzip, is truncated, has another magic
-    number or holds a different number of bytes than its header says."""
+    uint8 array of those sizes. Raises BadDataFile naming the file when it is not gzip, is truncated or damaged (a
+    deflate stream zlib cannot decode, a CRC that does not match), has another magic number or holds a different
+    number of bytes than its header says."""
     try:
         with gzip.open(path, "rb") as f:
             raw = f.read()
-    except (OSError, EOFError) as error:
+    except (OSError, EOFError, zlib.error) as error:  # zlib.error: bytes damaged inside the deflate stream
         raise BadDataFile(f"{path} is not a readable gzip file ({error})") from None
     if len(raw) < 4 or raw[:3] != b"\x00\x00\x08" or not 1 <= raw[3] <= 4:
         raise BadDataFile(f"{path} is not an IDX file of bytes (magic {raw[:4].hex() or 'missing'}, expected 000008xx)")
     ndim = raw[3]
     shape = tuple(int.from_bytes(raw[4 + 4 * i : 8 + 4 * i], "big") for i in range(ndim))
-    if len(raw) != 4 + 4 * ndim + int(np.prod(shape)):
+    if len(raw) != 4 + 4 * ndim + math.prod(shape):  # exact: np.prod of four 32-bit sizes can overflow int64
         raise BadDataFile(f"{path} holds {len(raw) - 4 - 4 * ndim} bytes of data, its header says {shape}: truncated?")
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 

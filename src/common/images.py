@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
-from .errors import die
+from .errors import die, first_line
 
 # The ImageNet statistics (torchvision's models use them): per-channel mean and std of RGB in [0, 1].
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
@@ -19,16 +20,19 @@ class BadImage(ValueError):
 def load_rgb(path: str):
     """ImageFolder's `loader`: open `path` with PIL as an RGB image (greyscale is converted to 3 channels).
 
-    Raises BadImage naming the file if it is corrupt, truncated or not an image.
+    Raises BadImage naming the file if it is corrupt, truncated, not an image, or says it has more pixels than PIL
+    decodes (twice Image.MAX_IMAGE_PIXELS, 179 million: a damaged header's size, or a decompression bomb).
     """
     from PIL import Image
 
     try:
-        with open(path, "rb") as f:
+        with open(path, "rb") as f, warnings.catch_warnings():
+            # a size between PIL's warning (89 M pixels) and its error: decoded (or refused below), not a warning
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             image = Image.open(f)
             return image.convert("RGB")  # decodes the whole file: a truncated JPEG fails here
-    except (OSError, ValueError, SyntaxError) as error:
-        raise BadImage(f"{path} is not a readable image ({error}); remove or replace it") from None
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as error:  # (the last: no OSError)
+        raise BadImage(f"{path} is not a readable image ({first_line(error)}); remove or replace it") from None
 
 
 def find_non_image(folder: Path) -> Path | None:

@@ -31,16 +31,19 @@ def _os_error(error: BaseException) -> OSError | None:
     return None
 
 
-def atomic_write(path: Path, write) -> None:
+def atomic_write(path: Path, write, before_replace=None) -> None:
     """Write `path` through a temporary file beside it (`.NAME.PID.tmp`): `write(f)` fills the binary file object
     `f`, which is then flushed, fsync'ed (the bytes are on disk before the rename) and renamed over `path`
     (`os.replace`, atomic on POSIX; the folder is fsync'ed after it). Readers never see half a file, and a process
     killed at any moment leaves either
     the old file or the new one (the temporary file of a SIGKILLed writer can stay: `save_checkpoint` removes those).
+    `before_replace()`, when given, runs once the new bytes are on disk and before the rename: what must be on disk
+    before the new file is (the digest list beside a checkpoint, `save_checkpoint`).
 
     Raises WriteFailed when the write fails with an OSError (ENOSPC, EIO, EFBIG under a file size limit, a vanished
-    folder), directly or behind another exception (torch.save); anything else (a bug, Ctrl-C) is re-raised as it
-    is. Either way the temporary file is removed first and `path` keeps what it held.
+    folder), directly or behind another exception (torch.save); a WriteFailed from `before_replace` (another file it
+    could not write) as it is; anything else (a bug, Ctrl-C) is re-raised as it is. Either way the temporary file is
+    removed first and `path` keeps what it held.
     """
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -50,6 +53,8 @@ def atomic_write(path: Path, write) -> None:
             write(f)
             f.flush()
             os.fsync(f.fileno())
+        if before_replace is not None:
+            before_replace()
         os.replace(tmp, path)
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
@@ -61,6 +66,8 @@ def atomic_write(path: Path, write) -> None:
             tmp.unlink(missing_ok=True)
         except OSError:
             pass  # the folder itself is gone: no temporary file left either
+        if isinstance(error, WriteFailed):
+            raise  # another file's write (before_replace's): its own line names it
         cause = _os_error(error) if isinstance(error, Exception) else None
         if cause is not None:
             raise WriteFailed(path, cause.strerror or first_line(cause)) from None

