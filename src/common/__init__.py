@@ -5,35 +5,40 @@ technique in context; they use what is here as `common.X`, and this file re-expo
 here asks which technique calls it. Importing the package changes nothing global: `parse_args()`, which only the
 scripts call, installs the excepthook that turns the failures a user causes into one line on stderr.
 
-The map: each module, what it owns, and [what it imports from the package]. No module imports a script; no circle.
+The map: each module, what it owns, and [what it imports from the package]. No module imports a script; no circle
+(tests/test_imports.py fails on one, in src/common/ and in bench/).
 
-    errors      die (one line on stderr, an exit code), first_line, the one-line excepthook          [images, io
-                (install_error_hook, which parse_args installs)                                     in the hook]
-    io          atomic_write / atomic_write_text, WriteFailed, output_problem (a probe write)       [errors]
-    env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit;  []
+    errors      die (one line on stderr, an exit code), first_line, the one-line excepthook          []
+                (install_error_hook, which parse_args installs) and the types it reports:
+                BadImage (images raise it), WriteFailed (io raises it)
+    io          atomic_write / atomic_write_text, output_problem (a probe write)                     [errors]
+    env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit;  [errors]
                 in_process_group, require_torch
     device      get_device, precision_label (what an fp32 model really computes in)                 [errors]
     seeding     seed_everything (and --deterministic), seed_worker (DataLoader workers)             []
-    data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), the text's (load_data),
-                synthetic_data, input_shape                                                         [env, errors,
-                                                                                                     models, text]
+    data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), the text's (load_data),    [env, errors,
+                synthetic_data, input_shape                                                         models, target,
+                                                                                                     text]
     images      the loaders' ImageFolder: image_folders, load_rgb, find_non_image                   [errors]
     dali        loader.py's pipeline as one DALI graph (image_pipeline) and DALILoader, its batches [errors, images]
                 as a DataLoader's; require_dali (the lazy import: one line when not installed)
-    models      build_model (cnn, mlp, resnet18, resnet50, vit, gpt, gpt2, gpt-wide), MODELS, TEXT_MODELS,
-                vit_patch_size                                                                      [gpt, vit]
+    models      build_model (cnn, mlp, resnet18, resnet50, vit, gpt, gpt2, gpt-wide), MODELS,       [gpt, vit]
+                TEXT_MODELS, vit_patch_size; watch (what a measurement asks of each GPT built)
     vit         the ViT and the transformer block the GPT shares (causal or not)                    []
     gpt         the GPT (token + position embeddings, causal blocks, LM head), GPT_CONFIGS          [vit]
     text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
+    target      --target-loss: the probe of a held-out sample's loss every K steps, clock stopped   [errors, models]
+                (configure, which asks models.watch for the model; watch_heldout, after_step, fields)
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
-                gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's),       []
+                gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's),       [target]
                 flop_counter (every FLOP count's: causal attention as the causal kernel runs it)
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
-    metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, env, errors,
-                                                                                                     gpt, io, meter,
-                                                                                                     runstate]
-    checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished    [env, errors, io,
+    metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, device, env,
+                                                                                                     errors, gpt, io,
+                                                                                                     meter, runstate,
+                                                                                                     target]
+    checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished       [env, errors, io,
                                                                                                      models, runstate]
     preemption  Preemption: SIGTERM stops every rank at one step boundary; init_worker, the         [env, runstate,
                 DataLoader workers' (seeded, SIGTERM from others ignored)                            seeding]
@@ -42,7 +47,8 @@ The map: each module, what it owns, and [what it imports from the package]. No m
                 sync_stages / save_stages (a pipeline's), sum_over_ranks (a tensor summed over the   [checkpoint, env,
                 ranks)                                                                               errors]
     cli         the shared flags (get_parser, get_image_folder_parser), parse_args (the checks made [data, env, errors,
-                before any work, each model's defaults)                                              io, models]
+                before any work, each model's defaults)                                              io, models,
+                                                                                                     target]
 
 The bench and the tests reach the rest through the module that owns it, e.g. `common.io.atomic_write_text` or
 `common.data.find_fashion_mnist`.
@@ -67,6 +73,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     preemption,
     runstate,
     seeding,
+    target,
     text,
     vit,
 )
@@ -76,10 +83,10 @@ from .dali import DALILoader, require_dali
 from .data import input_shape, load_data, synthetic_data
 from .distributed import save_stages, sync_stages
 from .device import get_device, precision_label
-from .errors import die
+from .errors import BadImage, die
 from .evaluation import evaluate
 from .gpt import GPT
-from .images import IMAGENET_MEAN, IMAGENET_STD, BadImage, find_non_image, image_folders, load_rgb
+from .images import IMAGENET_MEAN, IMAGENET_STD, find_non_image, image_folders, load_rgb
 from .io import output_problem
 from .meter import Meter, flop_counter, gather_summary
 from .metrics import epoch_line, epoch_record, report

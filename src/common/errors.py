@@ -1,5 +1,7 @@
-"""One-line errors: what a script prints when the user can fix the problem, instead of a traceback: `die`, and the
-process's excepthook (`install_error_hook`, which `cli.parse_args` installs) for the failures raised deep inside."""
+"""One-line errors: what a script prints when the user can fix the problem, instead of a traceback: `die`, the
+process's excepthook (`install_error_hook`, which `cli.parse_args` installs) for the failures raised deep inside, and
+the types of those failures (BadImage, WriteFailed), so that the hook needs no other module of the package: images.py
+and io.py raise them and import them from here, never the other way round."""
 
 from __future__ import annotations
 
@@ -7,6 +9,22 @@ import sys
 from pathlib import Path
 
 import torch
+
+
+class BadImage(ValueError):
+    """Raised by `images.load_rgb` for a file that is not a readable image; the scripts report it in one line and exit
+    2 (`_report_user_errors`)."""
+
+
+class WriteFailed(OSError):
+    """A file could not be written (disk full, I/O error, its folder removed, a file size limit). Its message is one
+    line that names the file and the operating system's error, e.g. "cannot write ck/last.pt (No space left on
+    device)"; `path` and `reason` hold the two parts. `io.atomic_write` raises it after removing its temporary file, so
+    the file that was there before is left as it was; the scripts report it in one line and exit 1."""
+
+    def __init__(self, path: Path, reason: str):
+        super().__init__(f"cannot write {path} ({reason})")
+        self.path, self.reason = Path(path), reason
 
 
 def first_line(error: BaseException) -> str:
@@ -36,9 +54,6 @@ def _report_user_errors(kind, value, traceback) -> None:
     line of the allocator's message ("out of memory" in it, so the bench files the run as `oom`). Ctrl-C: exit 130.
     Anything else is a bug and keeps its traceback.
     """
-    from .images import BadImage  # (they import this module)
-    from .io import WriteFailed
-
     if issubclass(kind, BadImage):
         # from a worker the message is "Caught BadImage in DataLoader worker ... Original Traceback ...": keep the end
         die(str(value).strip().splitlines()[-1].removeprefix(f"{BadImage.__module__}.BadImage: "))

@@ -6,15 +6,11 @@ import os
 import warnings
 from pathlib import Path
 
-from .errors import die, first_line
+from .errors import BadImage, die, first_line  # BadImage: the type errors.py's hook reports, raised here
 
 # The ImageNet statistics (torchvision's models use them): per-channel mean and std of RGB in [0, 1].
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png")  # what image_folders looks for (ImageFolder and DALI also read more types)
-
-
-class BadImage(ValueError):
-    """Raised by `load_rgb` for a file that is not a readable image; the scripts report it in one line and exit 2."""
 
 
 def load_rgb(path: str):

@@ -5,18 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .errors import first_line
-
-
-class WriteFailed(OSError):
-    """A file could not be written (disk full, I/O error, its folder removed, a file size limit). Its message is one
-    line that names the file and the operating system's error, e.g. "cannot write ck/last.pt (No space left on
-    device)"; `path` and `reason` hold the two parts. `atomic_write` raises it after removing its temporary file, so
-    the file that was there before is left as it was."""
-
-    def __init__(self, path: Path, reason: str):
-        super().__init__(f"cannot write {path} ({reason})")
-        self.path, self.reason = Path(path), reason
+from .errors import WriteFailed, first_line  # WriteFailed: the type errors.py's hook reports, raised here
 
 
 def _os_error(error: BaseException) -> OSError | None:

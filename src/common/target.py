@@ -3,13 +3,14 @@ text, every `--eval-every` optimizer steps with the training clock stopped, as m
 validation loss; `report` writes the training seconds and steps until the sample's loss first reached the target.
 
 Measurement, not a lesson: no script calls this module. `parse_args` turns it on (`configure`) when the command line
-has --target-loss; `load_data` hands it the held-out set (`watch_heldout`), `build_model` the model it built
-(`watch_model`), and the Meter calls `after_step` at the end of every step. Between two probes nothing runs that a
-run without --target-loss would not run. The probe evaluates the model as built (not a torch.compile'd wrapper: no
-recompile for eval mode), outside autocast with autograd off, so every script's model is judged the same way (but
-train_float8.py's, whose Linears are converted in place, probes in float8); a probe's seconds are not training
-seconds (the Meter is paused: its images/s window closes and reopens too). The time is known to a probe: a run that
-crosses the target just after one is counted at the next, up to --eval-every steps later.
+has --target-loss; `load_data` hands it the held-out set (`watch_heldout`), `build_model` the model it built (the
+probe asks for it: `configure` hands `watch_model` to `models.watch`), and the Meter calls `after_step` at the end of
+every step. Between two probes nothing runs that a run without --target-loss would not run. The probe evaluates the
+model as built (not a torch.compile'd wrapper: no recompile for eval mode), outside autocast with autograd off, so
+every script's model is judged the same way (but train_float8.py's, whose Linears are converted in place, probes in
+float8); a probe's seconds are not training seconds (the Meter is paused: its images/s window closes and reopens
+too). The time is known to a probe: a run that crosses the target just after one is counted at the next, up to
+--eval-every steps later.
 
 The sample: `--target-sample` blocks of the held-out plays (all when fewer), drawn once with a fixed seed, so every
 run and every script sees the same characters; its loss differs from the full held-out text's, and `report` records
@@ -27,6 +28,9 @@ import os
 
 import torch
 import torch.nn as nn
+
+from . import models
+from .errors import die
 
 SAMPLE_SEED = 1234  # which held-out blocks the sample holds: fixed, the same for every run
 
@@ -95,10 +99,7 @@ def configure(args) -> None:
     ACTIVE = None
     if getattr(args, "target_loss", None) is None:
         return
-    from .errors import die
-    from .models import TEXT_MODELS
-
-    if args.model not in TEXT_MODELS:
+    if args.model not in models.TEXT_MODELS:
         die(f"--target-loss is a language model's (--model gpt, gpt2); for --model {args.model} use --target-acc")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         die("--target-loss probes in one process: a probe on one rank would stall the others (run it without torchrun)")
@@ -107,6 +108,7 @@ def configure(args) -> None:
     if getattr(args, "dataset", None) == "synthetic":
         die("--target-loss needs held-out text: --dataset shakespeare, not synthetic")
     ACTIVE = TargetProbe(args.target_loss, args.eval_every, args.target_sample, max(args.batch_size, 64))
+    models.watch(watch_model)  # the first GPT build_model makes: the model the probe evaluates
 
 
 def watch_heldout(dataset) -> None:
@@ -116,7 +118,8 @@ def watch_heldout(dataset) -> None:
 
 
 def watch_model(model: nn.Module) -> nn.Module:
-    """The first model `build_model` made in this process is the one the probe evaluates; returns `model`."""
+    """The first model `build_model` made in this process (`configure` asked `models.watch` for them) is the one the
+    probe evaluates; returns `model`."""
     if ACTIVE is not None and ACTIVE.model is None:
         ACTIVE.model = model
     return model
