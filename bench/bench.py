@@ -19,12 +19,14 @@ vs its baseline, over its rung's base, of its ceiling, and what limited it), tab
 profile's speed-up ladders: each rung with its speed-up over its base and over the first rung), env.json (versions,
 hardware, CPU instruction sets, git commit, and the device's measured dense matmul peak per dtype,
 `gemm_peak_tflops`), the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png and sweeps.png (the
-workers and batch-size sweeps), and index.html with one side-by-side page per technique (bench/diff_pages.py) with
-this run's speed-ups. docs/bench.md describes every flag, profile key, column and metrics key.
+workers and batch-size sweeps), and, into a folder of one's own (results/local/ or outside results/), index.html with
+one side-by-side page per technique (bench/pages/diff_pages.py) with this run's speed-ups: a committed folder under
+results/ gets none (`python bench/pages/diff_pages.py --out DIR --results FOLDER` writes them). docs/bench.md
+describes every flag, profile key, column and metrics key.
 
-The runner's modules, beside this file (this file is the entry point and the flow; it puts src/ on the path, for
-`common`, before it imports them):
+bench/ holds the runner and its reports at its top, and one folder per other job:
 
+    bench.py     the entry point and the flow (it puts src/ and bench/pages/ on the path before it imports the rest)
     profiles.py  the matrix: load_profile (checked whole before any run), skip_reason, KNOBS, fail
     pairs.py     interleaved pairs: plan (the order of the runs), assess (disturbed pairs), reruns_due, pair_ratios,
                  noise_floor, the verdicts
@@ -38,11 +40,14 @@ The runner's modules, beside this file (this file is the entry point and the flo
     tables.py    table.md, ladder.md, the memory / sweep / ablation / input-pipeline tables, peak.md
     terminal.py  what a run prints at its end: each rung's ratio and verdict, the noise floor, where the files are
     plots.py     the PNGs: throughput, accuracy vs time, memory, data-wait, ladder, sweeps
-    diff_pages.py  index.html and the side-by-side page of each technique against its base
     zygote.py    the fork server single-process runs start from (torch imported once; the clean-fork check)
     estimate.py  --dry-run: each planned run's seconds from the recorded runs of earlier result folders
-    overhead.py  (a command of its own) where runs' seconds go, folder against folder: steps, compile, the rest
-    lease.sh     (a command of its own) for a GPU rented by the quarter-hour: a profile under a time limit, packed
+    setup.sh, python.sh, activate.sh, lease.sh   the user's entry scripts: set-up, its Python, a rented GPU
+    pages/       the pages' generators and checks: pages.py (the README's and the technique pages' generated blocks),
+                 results_index.py (results/README.md), diff_pages.py (the side-by-side pages), check_markers.py (the
+                 `# new #` convention, the chains), readme_table.toml (which folder row each README cell quotes)
+    prepare/     the data: prepare_data.py (the JPEG ImageFolders), prepare_text.py (Shakespeare)
+    studies/     one-off studies, each of which made a results folder (studies/README.md: which, and the command)
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "src"))
+sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "src")]  # bench/pages: diff_pages; src: common
 
 import diff_pages  # noqa: E402
 import estimate  # noqa: E402
@@ -75,6 +80,15 @@ from tqdm import tqdm  # noqa: E402
 import zygote  # noqa: E402
 
 import common  # noqa: E402
+
+
+def holds_side_by_side_pages(out: Path) -> bool:
+    """Whether the bench writes the side-by-side pages (index.html, diff-*.html, chain-*.html) into `out`: into a
+    folder outside results/ or under results/local/ (not committed), not into a folder to be committed under results/,
+    which the pages would tie to one commit's scripts (tests/test_docs.py refuses them there)."""
+    results = (REPO / "results").resolve()
+    out = Path(out).resolve()
+    return not out.is_relative_to(results) or out.is_relative_to(results / "local")
 
 
 def write_csv(frame: pd.DataFrame, path: Path) -> None:
@@ -117,7 +131,8 @@ def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, p
             f"{noise_line(noise)}\n\n{RATIO_STATISTICS}\n\n{ladders}",
         )
     plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}", floor)
-    diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
+    if holds_side_by_side_pages(out):
+        diff_pages.write(out, [out])  # index.html: each technique's side-by-side page with this run's speed-up
     print(end_of_run(summary, env, noise, out))  # the wide tables stay in table.md: a terminal gets what pays here
     return summary
 

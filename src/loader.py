@@ -1,7 +1,8 @@
 r"""Input-pipeline baseline: JPEG files -> decode -> RandomResizedCrop -> flip -> normalise, in torch's DataLoader.
 
 Each DataLoader worker decodes and augments whole images on a CPU core with PIL; the GPU waits if they fall behind.
-`python bench/prepare_data.py` writes the ImageFolders it reads (data/fashion-mnist-jpeg, data/imagenet-synthetic).
+`python bench/prepare/prepare_data.py` writes the ImageFolders it reads (data/fashion-mnist-jpeg,
+data/imagenet-synthetic).
 
     python src/loader.py                                               # small CNN on 32 px crops of Fashion-MNIST JPEGs
     python src/loader.py --loader-only --data-dir data/imagenet-synthetic --image-size 224 --workers 8   # pipeline only

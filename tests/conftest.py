@@ -12,7 +12,8 @@ import torch
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(1, str(REPO / "bench"))
+BENCH = REPO / "bench"  # the runner at its top; pages, data preparation and studies in folders of their own
+sys.path[1:1] = [str(BENCH), str(BENCH / "pages"), str(BENCH / "prepare"), str(BENCH / "studies")]
 
 import common  # noqa: E402
 import zygote  # noqa: E402  (bench/zygote.py, the fork server: the standard library only, until a server starts)

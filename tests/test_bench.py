@@ -328,6 +328,24 @@ def test_the_end_of_a_run_fits_a_terminal_and_says_what_ladder_md_says(tmp_path)
     assert f"{out}/table.md" in proc.stdout and f"{out}/*.png" in proc.stdout and f"{out}/index.html" in proc.stdout
 
 
+def test_a_folder_to_commit_under_results_gets_no_side_by_side_pages_and_the_end_says_how_to_write_them(tmp_path):
+    """tests/test_docs.py refuses index.html, diff-*.html and chain-*.html in a committed folder, so `bench.py --out
+    results/NAME` writes none there (results/local/ and a folder outside results/ get them), and the end of the run
+    names the command that writes them instead of a page that is not there."""
+    import bench
+    import terminal
+
+    assert not bench.holds_side_by_side_pages(REPO / "results" / "cpu-2core-new")
+    assert bench.holds_side_by_side_pages(REPO / "results" / "local" / "cpu")
+    assert bench.holds_side_by_side_pages(tmp_path / "mine")
+    folder = REPO / "results" / "cpu-2core-avx512bf16-2026-11-27"
+    rows, env = pd.read_csv(folder / "summary.csv"), json.loads((folder / "env.json").read_text())
+    text = terminal.end_of_run(rows, env, None, tmp_path)
+    assert "python bench/pages/diff_pages.py --out DIR" in text and "index.html" not in text, text
+    (tmp_path / "index.html").write_text("")
+    assert f"{tmp_path}/index.html" in terminal.end_of_run(rows, env, None, tmp_path)
+
+
 def test_bf16_rows_skip_on_a_cpu_without_bf16_and_say_which_ladder_runs_them():
     run = {"name": "train_compile.py cnn, bf16", "requires": "bf16"}
     assert profiles.skip_reason(run, gpus=0, bf16=True) is None

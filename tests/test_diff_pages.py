@@ -1,4 +1,4 @@
-"""bench/diff_pages.py: a page per (variant, base) pair with every marked line highlighted, an index whose links
+"""bench/pages/diff_pages.py: a page per (variant, base) pair with every marked line highlighted, an index whose links
 resolve and whose speed-ups come from the result folders, and both rendered by headless Chromium."""
 
 import html
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 from conftest import REPO, run
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "pages"))
 
 import check_markers  # noqa: E402
 import diff_pages  # noqa: E402
@@ -63,7 +63,7 @@ class Page(html.parser.HTMLParser):
 @pytest.fixture(scope="module")
 def pages(tmp_path_factory):
     out = tmp_path_factory.mktemp("pages")
-    proc = run("bench/diff_pages.py", "--out", out, "--results", *RESULTS, timeout=120)
+    proc = run("bench/pages/diff_pages.py", "--out", out, "--results", *RESULTS, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return out
 
@@ -173,6 +173,6 @@ def test_headless_chromium_renders_the_pages(pages, name, tmp_path):
 
 
 def test_bad_results_folder_is_one_line(tmp_path):
-    proc = run("bench/diff_pages.py", "--out", tmp_path / "o", "--results", tmp_path, timeout=60)
+    proc = run("bench/pages/diff_pages.py", "--out", tmp_path / "o", "--results", tmp_path, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "has no summary.csv" in proc.stderr.splitlines()[-1]

@@ -2,11 +2,12 @@
 link resolves, and the README stays short. The pages quote only result folders of the current scripts (never
 results/archive/), each ratio and rate as the folder named beside it holds it, and name only tests that exist.
 
-Run lines are read from README.md, every page under docs/ (inside ``` blocks, one command a line, `\\` continuing
-it, and inside `code spans`) and every script's docstring (its indented run lines, which --help also prints): each
-`python <script>.py ...`, `torchrun <its flags> <script>.py ...` and `bash run_all.sh ...` (whose flags go to
-bench/bench.py). tests/runline_probe.py runs each script until its parser has parsed the line, so an unknown flag or
-a value outside a flag's choices fails here as it would for a reader who copies the line.
+Run lines are read from README.md, CONTRIBUTING.md, every page under docs/ and bench/'s READMEs (inside ``` blocks,
+one command a line, `\\` continuing it, and inside `code spans`) and every script's docstring (its indented run
+lines, which --help also prints): each `python <script>.py ...`, `torchrun <its flags> <script>.py ...` and
+`bash run_all.sh ...` (whose flags go to bench/bench.py). tests/runline_probe.py runs each script until its parser
+has parsed the line, so an unknown flag or a value outside a flag's choices fails here as it would for a reader who
+copies the line.
 """
 
 import ast
@@ -21,8 +22,9 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parent.parent
-PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
-SCRIPTS = sorted((REPO / "src").glob("*.py")) + sorted((REPO / "bench").glob("*.py"))
+PAGES = [REPO / "README.md", REPO / "CONTRIBUTING.md", *sorted((REPO / "docs").rglob("*.md")),
+         *sorted((REPO / "bench").rglob("README.md"))]  # fmt: skip
+SCRIPTS = sorted((REPO / "src").glob("*.py")) + sorted((REPO / "bench").rglob("*.py"))  # bench/ and its folders
 
 
 def joined(lines: list[tuple[int, str]]) -> list[tuple[int, str]]:
@@ -302,8 +304,9 @@ def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
 
 
 def floor_pct(folder: str) -> float | None:
-    """A result folder's noise floor in percent (bench/results_index.py reads its table.md), None where it has none."""
-    sys.path.insert(0, str(REPO / "bench"))
+    """A result folder's noise floor in percent (bench/pages/results_index.py reads its table.md), None where it has
+    none."""
+    sys.path.insert(0, str(REPO / "bench" / "pages"))
     import results_index
 
     return results_index.floor_pct(RESULTS / folder)
@@ -402,7 +405,7 @@ def test_every_run_line_that_needs_a_gpu_says_so_and_names_folders_that_exist():
     needs; shown to catch the two kinds of line --help once printed."""
     assert unlabelled_gpu_lines([("x", "python src/train.py --device cuda")])
     assert not unlabelled_gpu_lines([("x", "python src/train.py --device cuda   # on a GPU")])
-    assert unlabelled_gpu_lines([("x", "python bench/diff_pages.py --out d --results results/cpu-2core")])
+    assert unlabelled_gpu_lines([("x", "python bench/pages/diff_pages.py --out d --results results/cpu-2core")])
     found = unlabelled_gpu_lines(all_commands())
     assert not found, "\n".join(found)
 
@@ -411,18 +414,18 @@ def test_every_run_line_that_needs_a_gpu_says_so_and_names_folders_that_exist():
 
 
 def test_the_results_index_is_current_and_every_folder_opens_on_its_table_or_says_why_not():
-    """results/README.md is what `bench/results_index.py` writes now (from results/current.toml and the folders: a
-    folder added, archived or re-run without the index written again fails here); it names every folder git tracks
-    under results/, each current topic's folder first; each of them has a table.md, or a README.md that says why not;
-    and current.toml names only tracked folders, each once."""
-    proc = subprocess.run([sys.executable, "bench/results_index.py", "--check"], cwd=REPO, capture_output=True,
+    """results/README.md is what `bench/pages/results_index.py` writes now (from results/current.toml and the folders:
+    a folder added, archived or re-run without the index written again fails here); it names every folder under
+    results/ (on disk: git need not know it yet), each current topic's folder first; each of them has a table.md, or
+    a README.md that says why not; and current.toml names only folders that are there, each once."""
+    proc = subprocess.run([sys.executable, "bench/pages/results_index.py", "--check"], cwd=REPO, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "bench" / "pages"))
     import results_index
 
     index = (REPO / "results" / "README.md").read_text()
-    for name in results_index.tracked_folders():
+    for name in results_index.result_folders():
         assert f"[`{name}/`]({name}/" in index, f"results/README.md does not name {name}/"
         folder = REPO / "results" / name
         assert (folder / "table.md").is_file() or (folder / "README.md").is_file(), (
@@ -431,15 +434,47 @@ def test_the_results_index_is_current_and_every_folder_opens_on_its_table_or_say
     import tomllib
 
     current = [t["folder"] for t in tomllib.loads((REPO / "results" / "current.toml").read_text())["topic"]]
-    assert len(current) == len(set(current)) and set(current) <= set(results_index.tracked_folders())
+    assert len(current) == len(set(current)) and set(current) <= set(results_index.result_folders())
     assert index.index("## Current") < min(index.index(f"[`{name}/`]") for name in current) < index.index("## Older")
+
+
+def test_a_new_result_folder_joins_the_index_before_git_knows_it(tmp_path, monkeypatch):
+    """The index lists the folders on disk, so writing it needs no `git add` first: a folder nobody has added yet is
+    listed; archive/, mutations/, local/ and hidden folders are not."""
+    sys.path.insert(0, str(REPO / "bench" / "pages"))
+    import results_index
+
+    for name in ("cpu-2core-new", "archive", "mutations", "local", ".cache"):
+        (tmp_path / name).mkdir()
+    (tmp_path / "current.toml").write_text("")
+    monkeypatch.setattr(results_index, "RESULTS", tmp_path)
+    assert results_index.result_folders() == ["cpu-2core-new"]
+
+
+def test_the_readme_s_chain_tree_and_docs_scripts_md_are_written_from_the_declarations(tmp_path):
+    """The README's chain tree and docs/scripts.md (a row per script: its title, declared base, what it adds, first
+    run line) are what bench/pages/pages.py writes from the scripts' docstrings (its --check above fails when
+    either is stale); a new script's docstring is all it takes to get its tree line and its row."""
+    sys.path.insert(0, str(REPO / "bench" / "pages"))
+    import pages
+
+    assert pages.chains_block() in (REPO / "README.md").read_text()
+    assert (REPO / "docs" / "scripts.md").read_text() == pages.scripts_page()
+    assert "| [`train_amp.py`](techniques/train_amp.md) | Mixed precision (AMP) | `train.py` |" in pages.scripts_page()
+    (tmp_path / "train.py").write_text((REPO / "src" / "train.py").read_text())
+    tf32 = (REPO / "src" / "train_tf32.py").read_text().replace("src/train_tf32.py", "src/train_foreach.py")
+    declared = '"""Foreach: train.py + AdamW with foreach=True.'
+    (tmp_path / "train_foreach.py").write_text(tf32.replace(tf32.split("\n")[0], declared))
+    row = next(line for line in pages.scripts_page(tmp_path).splitlines() if "train_foreach.py" in line)
+    assert "| Foreach | `train.py` | AdamW with foreach=True | `python src/train_foreach.py --device cpu" in row, row
+    assert "└── train_foreach.py" in pages.chains_block(tmp_path)
 
 
 def test_no_committed_result_folder_carries_side_by_side_pages():
     """The side-by-side pages (index.html, diff-*.html, chain-*.html) are the scripts of one commit, so a committed
-    folder does not repeat them (they were 726 files, 40 MB of results/'s 78): `python bench/diff_pages.py --out DIR
-    --results results/FOLDER` at the folder's commit writes them again; the bench writes them into a user's own
-    results/local/."""
+    folder does not repeat them (they were 726 files, 40 MB of results/'s 78): `python bench/pages/diff_pages.py
+    --out DIR --results results/FOLDER` at the folder's commit writes them again; the bench writes them into a
+    user's own results/local/ (or a folder outside results/), never into another folder of results/."""
     listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "results"], capture_output=True, text=True,
                             check=True).stdout.splitlines()  # fmt: skip
     pages = [f for f in listed if re.search(r"/(diff-[^/]*|chain-[^/]*|index)\.html$", f)]
@@ -447,12 +482,12 @@ def test_no_committed_result_folder_carries_side_by_side_pages():
 
 
 def test_the_nanogpt_side_by_side_page_is_what_its_script_writes_from_its_runs(tmp_path):
-    """A nanoGPT side-by-side folder's README.md (the README's laptop line quotes it) is what `bench/nanogpt.py
+    """A nanoGPT side-by-side folder's README.md (the README's laptop line quotes it) is what `bench/studies/nanogpt.py
     --tables-only` writes from its runs/ now: a number typed into the page, or a run measured again without the page
     written again, fails here. Shown to fail on one run's seconds changed in a copy."""
     import shutil
 
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "bench" / "studies"))
     import nanogpt
 
     folders = [p.parent for p in sorted(RESULTS.glob("nanogpt-to-target-*/runs")) if p.is_dir()]
@@ -478,15 +513,15 @@ def test_the_tracked_tree_fits_a_gpu_lease_with_room_to_carry():
 
 
 def test_each_technique_page_s_measured_block_is_the_current_folders_rows():
-    """Every technique page's "Measured now" block is what `bench/pages.py` writes now from the folders
+    """Every technique page's "Measured now" block is what `bench/pages/pages.py` writes now from the folders
     results/current.toml names (a re-run folder, or a hand edit inside the block, fails here): every row of the
     page's script, its rate and comparison as the folder's summary.csv holds them, with the folder's floor; and a
     verdict is printed only as that floor allows (within a floor wider than ±15 %, "no verdict", as bench/pairs.py
     judges now; without a floor, none)."""
-    proc = subprocess.run([sys.executable, "bench/pages.py", "--check"], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "bench/pages/pages.py", "--check"], cwd=REPO, capture_output=True, text=True,
                           timeout=120)  # fmt: skip
     assert proc.returncode == 0, proc.stderr
-    sys.path.insert(0, str(REPO / "bench"))
+    sys.path.insert(0, str(REPO / "bench" / "pages"))
     import pages
 
     amp = (REPO / "docs" / "techniques" / "train_amp.md").read_text()
@@ -505,16 +540,16 @@ def test_each_technique_page_s_measured_block_is_the_current_folders_rows():
 
 
 def test_the_readme_s_table_has_a_row_for_every_script_and_names_its_cells_folders_rows():
-    """The README's "Every technique, measured" table is bench/pages.py's (the --check above holds it to the
-    folders): every script of src/ has a row in bench/readme_table.toml, and a cell whose configuration is not a row
-    of its topic's current folder (a re-run that renamed it) stops the writing with one line, not a blank cell."""
-    sys.path.insert(0, str(REPO / "bench"))
+    """The README's "Every technique, measured" table is bench/pages/pages.py's (the --check above holds it to the
+    folders): every script of src/ has a row in bench/pages/readme_table.toml, and a cell whose configuration is not
+    a row of its topic's current folder (a re-run that renamed it) stops the writing with one line, not a blank cell."""
+    sys.path.insert(0, str(REPO / "bench" / "pages"))
     import pages
 
     spec = pages.load_readme_spec()
     rows = {row["script"] for row in spec["row"]} | {row["also"] for row in spec["row"] if "also" in row}
     missing = sorted(p.name for p in (REPO / "src").glob("*.py") if p.name not in rows)
-    assert not missing, f"bench/readme_table.toml has no row for {missing}"
+    assert not missing, f"bench/pages/readme_table.toml has no row for {missing}"
     readme = (REPO / "README.md").read_text()
     assert pages.BEGIN in readme and "| [`train_amp.py`](docs/techniques/train_amp.md)" in readme
     folders = pages.Folders(pages.load_topics())
@@ -683,7 +718,7 @@ def test_the_results_index_reads_every_folder_as_its_pages_do():
     correction before env.json: the GPU activation-checkpointing folder's ef6c920bdd, not 823157c), the noise floor
     its pages read (its table.md's, else its README.md's: the nanoGPT side by side states one), and counts no verdict
     where no floor was measured (the small ViT's defaults, whose technique page prints "no verdict")."""
-    sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
+    sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "bench"), str(REPO / "src")]
     import results_index
     from cells import folder_commit
 
@@ -691,7 +726,7 @@ def test_the_results_index_reads_every_folder_as_its_pages_do():
     assert results_index.judged("no measurable difference", 26.2) == "no verdict"
     assert results_index.judged("slower", 2.6) == "slower" and results_index.judged("disturbed", None) == "disturbed"
     index = (RESULTS / "README.md").read_text()
-    for name in results_index.tracked_folders():
+    for name in results_index.result_folders():
         folder, cells = RESULTS / name, index_cells(index, name)
         env = json.loads((folder / "env.json").read_text()) if (folder / "env.json").is_file() else {}
         commit = folder_commit(folder, env)[0]

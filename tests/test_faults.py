@@ -108,7 +108,7 @@ def test_an_output_that_cannot_be_written_stops_the_script_before_any_work(scrip
     "argv, damage",
     [
         (["bench/bench.py", "--profile", "smoke"], "a file"),
-        (["bench/prepare_data.py", "--only", "synthetic"], "parent"),
+        (["bench/prepare/prepare_data.py", "--only", "synthetic"], "parent"),
     ],
 )
 def test_the_bench_and_prepare_data_refuse_an_unusable_out_before_any_work(argv, damage, tmp_path):

@@ -1,5 +1,5 @@
-"""The README's first screen: its numbers are printed by the commands shown with them. bench/pages.py writes the
-paragraphs under the Quick start from bench/readme_table.toml's [first_screen] and the folders (tests/test_docs.py
+"""The README's first screen: its numbers are printed by the commands shown with them. bench/pages/pages.py writes the
+paragraphs under the Quick start from bench/pages/readme_table.toml's [first_screen] and the folders (tests/test_docs.py
 fails when they are stale); here: each row they quote ran the command the README shows, and the Quick start runs as
 written on a machine whose Python set-up had to put into .venv/."""
 
@@ -14,7 +14,7 @@ import pandas as pd
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "pages"))
 
 import common  # noqa: E402
 from results_index import load_topics  # noqa: E402
@@ -34,7 +34,7 @@ def quick_start() -> list[str]:
 
 def first_screen_commands() -> list[list[str]]:
     """Every `python src/...` command the first screen shows: the Quick start's and those quoted in its text."""
-    spec = tomllib.loads((REPO / "bench/readme_table.toml").read_text())["first_screen"]
+    spec = tomllib.loads((REPO / "bench/pages/readme_table.toml").read_text())["first_screen"]
     quoted = re.findall(r"`(python src/[^`]+)`", spec["text"])
     return [shlex.split(c) for c in quick_start() + quoted if c.startswith("python src/")]
 
@@ -74,7 +74,7 @@ def test_every_row_the_first_screen_quotes_ran_a_command_the_first_screen_shows(
     row in its folder is one of the commands the first screen shows (the Quick start's, or one quoted in its text), up
     to flags that only change what is printed. A row measured with another recipe, another --target-sample or another
     model fails here."""
-    spec = tomllib.loads((REPO / "bench/readme_table.toml").read_text())["first_screen"]
+    spec = tomllib.loads((REPO / "bench/pages/readme_table.toml").read_text())["first_screen"]
     folders = {t["name"]: t["folder"] for t in load_topics()}
     shown = first_screen_commands()
     assert any("--target-loss" in line for line in shown), "the laptop line's command reports its time to the target"

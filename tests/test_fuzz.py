@@ -509,7 +509,7 @@ def test_an_image_folder_of_any_shape(tmp_path, capsys, request):
 def corpus(tmp_path_factory) -> Path:
     """A copy of data/shakespeare/ (skipped where the set-up has not put it there)."""
     if not (common.text.CORPUS_DIR / "vocab.txt").is_file():
-        pytest.skip("no Shakespeare corpus: python bench/prepare_text.py")
+        pytest.skip("no Shakespeare corpus: python bench/prepare/prepare_text.py")
     folder = tmp_path_factory.mktemp("corpus") / "shakespeare"
     shutil.copytree(common.text.CORPUS_DIR, folder)
     return folder

@@ -11,7 +11,7 @@ from PIL import Image
 
 import common
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "prepare"))
 
 import prepare_data  # noqa: E402
 
@@ -153,10 +153,11 @@ def test_dali_under_torchrun_without_loader_only_is_refused(tmp_path):
 
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_trains_end_to_end_from_the_files(script, tmp_path):
-    """60 steps of the small CNN on the Fashion-MNIST JPEGs written by bench/prepare_data.py: well above chance."""
+    """60 steps of the small CNN on the Fashion-MNIST JPEGs written by bench/prepare/prepare_data.py: well above
+    chance."""
     root = REPO / "data" / "fashion-mnist-jpeg"
     if not (root / ".complete").exists():
-        pytest.fail("the test set-up (bench/setup.sh) should have run bench/prepare_data.py")
+        pytest.fail("the test set-up (bench/setup.sh) should have run bench/prepare/prepare_data.py")
     metrics, _ = loader_metrics(script, root, tmp_path, "--max-steps", "60", "--batch-size", "64", "--workers", "2")
     assert metrics["test_images"] == 10_000 and metrics["test_acc"] > 0.4  # chance is 0.1
     assert metrics["epochs"][0]["train_loss"] < 2.3

@@ -1,4 +1,4 @@
-"""The `# new #` checker (bench/check_markers.py): every chain passes, and each kind of mistake is caught."""
+"""The `# new #` checker (bench/pages/check_markers.py): every chain passes, and each kind of mistake is caught."""
 
 import ast
 import sys
@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from conftest import REPO, run
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "pages"))
 
 import check_markers  # noqa: E402
 
@@ -54,47 +54,56 @@ def problems(tmp_path, variant, base=BASE):
     return check_markers.check(*write(tmp_path, base, variant))
 
 
-CHAINS = {
+# The chains are read from the scripts' declarations (check_markers.pairs), never listed here. What DESIGN.md fixes
+# is checked: the two roots, and the bases of the lessons it names (the speed-up ladder is one chain, each rung on
+# the one below; the distributed lessons on train_DDP.py).
+ROOTS = {"train.py", "loader.py"}
+LADDER = ["train.py", "train_amp.py", "train_channels_last.py", "train_compile.py", "train_fast.py"]
+DESIGN_BASES = {
+    **{rung: base for base, rung in zip(LADDER, LADDER[1:])},
     "train_DP.py": "train.py",
     "train_DDP.py": "train.py",
     "train_DDP_elastic.py": "train_DDP.py",
-    "train_DDP_comm_hooks.py": "train_DDP.py",
     "train_accum.py": "train_DDP.py",
     "train_FSDP.py": "train_DDP.py",
-    "train_async_checkpoint.py": "train_FSDP.py",
-    "train_activation_checkpointing.py": "train.py",
-    "train_selective_AC.py": "train_activation_checkpointing.py",
-    "train_amp.py": "train.py",
-    "train_channels_last.py": "train_amp.py",
-    "train_compile.py": "train_channels_last.py",
-    "train_fast.py": "train_compile.py",
-    "train_cuda_graphs.py": "train_fast.py",
-    "train_float8.py": "train_compile.py",
-    "train_tf32.py": "train.py",
-    "train_muon.py": "train.py",
+    "train_DDP_comm_hooks.py": "train_DDP.py",
     "train_model_parallel.py": "train.py",
     "train_pipeline.py": "train_model_parallel.py",
-    "train_TP.py": "train.py",
-    "train_FSDP_TP.py": "train_TP.py",
+    "train_activation_checkpointing.py": "train.py",
     "train_profile.py": "train.py",
-    "train_sdpa.py": "train.py",
-    "train_varlen.py": "train.py",
+    "train_TP.py": "train.py",
     "loader_DALI.py": "loader.py",
 }
 
 
+def chains() -> dict[str, str]:
+    """variant -> its declared base, for every variant under src/."""
+    return {v.name: b.name for b, v in check_markers.pairs()}
+
+
 def test_every_chain_in_src_passes():
-    proc = run("bench/check_markers.py")
+    proc = run("bench/pages/check_markers.py")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    for variant, base in CHAINS.items():
+    for variant, base in chains().items():
         assert f"{variant} vs {base}" in proc.stdout
 
 
-def test_pairs_come_from_the_declarations_and_cover_every_script():
-    found = {v.name: b.name for b, v in check_markers.pairs()}
-    assert found == CHAINS
+def test_the_declarations_cover_every_script_and_the_lessons_design_names_keep_their_bases():
+    """Every script is a variant (it declares a base) or one of the two roots; each chain ends at a root; the
+    speed-up ladder train.py -> train_amp.py -> train_channels_last.py -> train_compile.py -> train_fast.py and the
+    other lessons DESIGN.md names declare the bases it gives them."""
+    found = chains()
     scripts = {p.name for p in check_markers.scripts()}
-    assert scripts == set(CHAINS) | {"train.py", "loader.py"}  # every script is a variant or a chain's root
+    assert scripts == set(found) | ROOTS and not ROOTS & set(found), sorted(scripts - set(found) - ROOTS)
+    for variant in found:
+        current, seen = variant, set()
+        while current in found:
+            assert current not in seen, f"{variant}: its chain loops"
+            seen.add(current)
+            current = found[current]
+        assert current in ROOTS, f"{variant}: its chain ends at {current}, not at a root"
+    wrong = {v: (found.get(v), b) for v, b in DESIGN_BASES.items() if found.get(v) != b}
+    assert not wrong, f"declared, DESIGN.md's: {wrong}"
     assert check_markers.chain_problems() == []
 
 
@@ -105,8 +114,9 @@ def test_tree_shows_the_chains_and_the_readme_has_it():
         "├── train_amp.py\n│   └── train_channels_last.py\n│       └── train_compile.py\n│           ├── train_fast.py"
         "\n│           │   └── train_cuda_graphs.py\n│           └── train_float8.py" in text
     )
-    assert text in (REPO / "README.md").read_text()  # the README shows the same tree
-    proc = run("bench/check_markers.py", "--tree")
+    assert sorted(check_markers.in_tree_order()) == sorted(p.name for p in check_markers.scripts())
+    assert text in (REPO / "README.md").read_text()  # the README shows the same tree (bench/pages/pages.py writes it)
+    proc = run("bench/pages/check_markers.py", "--tree")
     assert proc.returncode == 0 and proc.stdout.strip() == text
 
 
@@ -292,7 +302,7 @@ def test_a_real_variant_with_one_marker_removed_fails_with_its_line(tmp_path):
     assert line in text
     number = text[: text.index(line)].count("\n") + 1
     (tmp_path / "train_amp.py").write_text(text.replace(line, "scaler.update()"))
-    proc = run("bench/check_markers.py", REPO / "src" / "train.py", tmp_path / "train_amp.py")
+    proc = run("bench/pages/check_markers.py", REPO / "src" / "train.py", tmp_path / "train_amp.py")
     assert proc.returncode == 1
     assert proc.stdout.splitlines() == [
         f"{tmp_path / 'train_amp.py'}:{number}: changed or added without a `# new #` marker: scaler . update ( )"
@@ -300,7 +310,7 @@ def test_a_real_variant_with_one_marker_removed_fails_with_its_line(tmp_path):
 
 
 def test_cli_refuses_one_file():
-    proc = run("bench/check_markers.py", "src/train.py")
+    proc = run("bench/pages/check_markers.py", "src/train.py")
     assert proc.returncode == 2 and "exactly two" in proc.stderr and "Traceback" not in proc.stderr
 
 
@@ -318,9 +328,9 @@ def test_a_variant_s_docstring_is_its_own_text_and_left_out_of_the_diff_size(tmp
 
 
 def test_stats_prints_each_pair_and_the_mean_and_refuses_a_missing_folder(tmp_path):
-    proc = run("bench/check_markers.py", "--stats", "src")
+    proc = run("bench/pages/check_markers.py", "--stats", "src")
     lines = proc.stdout.splitlines()
     assert proc.returncode == 0 and len(lines) == len(check_markers.pairs()) + 1
     assert lines[-1].split()[1:] == ["mean", "lines", "changed", "per", "pair", f"({len(lines) - 1}", "pairs)"]
-    proc = run("bench/check_markers.py", "--stats", tmp_path / "nope")
+    proc = run("bench/pages/check_markers.py", "--stats", tmp_path / "nope")
     assert proc.returncode == 2 and "is not a folder" in proc.stderr.splitlines()[-1] and "Traceback" not in proc.stderr

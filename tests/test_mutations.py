@@ -6,7 +6,7 @@ import sys
 
 from conftest import REPO
 
-sys.path.insert(0, str(REPO / "bench"))
+sys.path.insert(0, str(REPO / "bench" / "pages"))
 sys.path.insert(0, str(REPO / "tests"))
 
 import check_markers  # noqa: E402

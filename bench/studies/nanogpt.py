@@ -3,8 +3,8 @@
 on one machine, in interleaved rounds; README.md of the result folder written from the runs' logs and metrics.
 
     git clone https://github.com/karpathy/nanoGPT /tmp/nanogpt      # not copied into this project; 3adf61e1 here
-    python bench/nanogpt.py --nanogpt /tmp/nanogpt --out results/nanogpt-to-target-DATE   # ~50 minutes on 2 cores
-    python bench/nanogpt.py --out results/nanogpt-to-target-DATE --tables-only       # README.md again from runs/
+    python bench/studies/nanogpt.py --nanogpt /tmp/nanogpt --out results/nanogpt-to-target-DATE   # ~50 min on 2 cores
+    python bench/studies/nanogpt.py --out results/nanogpt-to-target-DATE --tables-only   # README.md again from runs/
 
 Each round runs nanoGPT, train.py, train_fast.py and train_fast.py again (the self pair: its spread is the noise
 floor), the order reversed every other round; a round is disturbed, left out and run again (at most twice more)
@@ -42,9 +42,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "src"))
-sys.path.insert(0, str(REPO / "bench"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]  # pairs, runs; common
 
 import pairs
 import runs
@@ -225,7 +224,7 @@ def measured(out: Path) -> dict:
     (complete and undisturbed), `floors` {"time_to_target_s", "tokens_per_s": the self pair's noise floor, a fraction,
     or None}, `comparisons` [{"comparison", "x sooner to 1.70", "tokens/s x": the cells of bench/pairs.py}], keyed
     also by (a, b) in `cells`, and `median` {run name: median seconds of training to the target over the rounds}.
-    README.md and the pages that quote this folder (bench/pages.py) read the same cells."""
+    README.md and the pages that quote this folder (bench/pages/pages.py) read the same cells."""
     by = load(out)
     every = sorted({k for _, k in by})
     rounds = [k for k in every if complete(by, k) and not disturbed(by, k)]  # the rounds compared
@@ -317,7 +316,7 @@ def readme(out: Path) -> str:
         f"# Side by side with nanoGPT, to {TARGET:.2f} nats per character on held-out Shakespeare",
         "",
         (
-            f"Written by `python bench/nanogpt.py` from `runs/`, `logs/` and `env.json`. CPU: {env.get('cpu_model', '?')}, "
+            f"Written by `python bench/studies/nanogpt.py` from `runs/`, `logs/` and `env.json`. CPU: {env.get('cpu_model', '?')}, "
             f"{env.get('cpu_count', '?')} cores, instructions {', '.join(env.get('cpu_flags', []))}; torch {env.get('torch', '?')}; "
             f"commit {git.get('commit', '?')[:10]}{' (dirty)' if git.get('dirty') else ''}; {len(rounds)} rounds compared, "
             f"{len(every) - len(rounds)} left out as disturbed or unfinished (below); each run alone on the cores. nanoGPT: karpathy/nanoGPT at commit "
@@ -390,7 +389,7 @@ def readme(out: Path) -> str:
         "## Reproduce",
         "",
         (
-            "`git clone https://github.com/karpathy/nanoGPT /tmp/nanogpt`, then `python bench/nanogpt.py --nanogpt "
+            "`git clone https://github.com/karpathy/nanoGPT /tmp/nanogpt`, then `python bench/studies/nanogpt.py --nanogpt "
             "/tmp/nanogpt --out results/NAME`: it writes our split into nanoGPT's `data/ours/`, runs the rounds and this "
             "page."
         ),

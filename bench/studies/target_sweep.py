@@ -3,10 +3,10 @@ thread each (the step at which a run reaches the target does not depend on its s
 their seconds do, and this table quotes none), then table.md from their metrics: the steps to the target, the
 held-out sample's loss and the whole held-out text's at the end, and how far the two stand apart.
 
-    python bench/target_sweep.py --out results/muon-sweep-DATE                 # the sweep below (about 20 minutes)
-    python bench/target_sweep.py --out results/muon-sweep-DATE --tables-only   # table.md again from metrics/
-    python bench/target_sweep.py --sweep vit --out results/muon-vit-DATE       # Muon on the small ViT (5 minutes)
-    python bench/target_sweep.py --sweep fast --out results/fast-gpt-sweep-DATE   # train_fast.py's GPT (10 minutes)
+    python bench/studies/target_sweep.py --out results/muon-sweep-DATE                 # the sweep below (20 minutes)
+    python bench/studies/target_sweep.py --out results/muon-sweep-DATE --tables-only   # table.md again from metrics/
+    python bench/studies/target_sweep.py --sweep vit --out results/muon-vit-DATE       # Muon on the small ViT (5 min)
+    python bench/studies/target_sweep.py --sweep fast --out results/fast-gpt-sweep-DATE   # train_fast.py's GPT (10 min)
 
 Which learning rate and schedule length reach the target in the fewest steps is what the sweep is for; the seconds
 those steps take are measured apart, in interleaved pairs on a quiet machine (profile `time-to-target`).
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 import common  # noqa: E402
@@ -133,7 +133,7 @@ def table(out: Path, sweep: list = SWEEP, fast: bool = False) -> str:
     what = "train_fast.py's batch, rates" if fast else "the GPT's optimizer, learning rate"
     head = (
         f"# Steps to {TARGET:.2f} nats per character: {what} and schedule length\n\n"
-        f"Written by `python bench/target_sweep.py` from `metrics/`. CPU: {env.get('cpu_model', '?')}, "
+        f"Written by `python bench/studies/target_sweep.py` from `metrics/`. CPU: {env.get('cpu_model', '?')}, "
         f"{env.get('cpu_count', '?')} cores; torch {env.get('torch', '?')}; commit "
         f"{(env.get('git') or {}).get('commit', '?')[:10]}. Each run: `--target-loss {TARGET:.2f} --eval-every 100`, "
         "the held-out sample's loss (1,024 blocks of the four held-out plays, fixed) every 100 steps; two runs at a "
@@ -166,7 +166,7 @@ def vit_table(out: Path) -> str:
     env = json.loads((out / "env.json").read_text()) if (out / "env.json").is_file() else {}
     head = (
         "# Muon on the small ViT: test accuracy after train.py's 2 epochs\n\n"
-        f"Written by `python bench/target_sweep.py --sweep vit` from `metrics/`. CPU: {env.get('cpu_model', '?')}, "
+        f"Written by `python bench/studies/target_sweep.py --sweep vit` from `metrics/`. CPU: {env.get('cpu_model', '?')}, "
         f"{env.get('cpu_count', '?')} cores; torch {env.get('torch', '?')}; commit "
         f"{(env.get('git') or {}).get('commit', '?')[:10]}. Fashion-MNIST, all 60,000 training and 10,000 test "
         "images; two runs at a time, one thread each, so no seconds are quoted.\n\n"

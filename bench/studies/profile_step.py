@@ -1,8 +1,8 @@
 """Where one training step's time goes, eager against torch.compile: the profiler's top ops for each.
 
-    python bench/profile_step.py                                   # small CNN, bf16 autocast + channels_last, CPU
-    python bench/profile_step.py --amp-dtype float32 --model vit   # another rung, another model
-    python bench/profile_step.py --device cuda --model resnet50 --image-size 224 --batch-size 128   # on a GPU
+    python bench/studies/profile_step.py                                   # small CNN, bf16 + channels_last, CPU
+    python bench/studies/profile_step.py --amp-dtype float32 --model vit   # another rung, another model
+    python bench/studies/profile_step.py --device cuda --model resnet50 --image-size 224 --batch-size 128   # on a GPU
 
 The step is train_channels_last.py's (autocast, NHWC, AdamW; without its GradScaler and schedule) on one synthetic batch, run eagerly and then through
 torch.compile (train_compile.py's rung), each warmed up, timed (images/s over --steps steps) and profiled over 10
@@ -23,7 +23,7 @@ import torch._inductor.config as inductor_config
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
 import common  # noqa: E402
 
 

@@ -1,7 +1,7 @@
 """What the preemption check costs a distributed step: `common.Preemption.requested`, one gloo all-reduce of a flag
 at every step boundary, timed alone and inside train_DDP.py, with the check and without it, in interleaved launches.
 
-    python bench/preemption_cost.py OUT.json -- --device cpu --model cnn --subset 6400 --batch-size 64 --epochs 1
+    python bench/studies/preemption_cost.py OUT.json -- --device cpu --model cnn --subset 6400 --batch-size 64 --epochs 1
 
 First one torchrun launch of 2 ranks times 2,000 calls of the check (after 100 warm-up calls): microseconds per call.
 Then 10 launches of train_DDP.py (unchanged, run by this file inside each torchrun worker) with the given flags,
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 import common  # noqa: E402

@@ -1,7 +1,7 @@
 """Write the JPEG ImageFolders that loader.py and loader_DALI.py read, under data/ (ignored by git).
 
-    python bench/prepare_data.py                                   # both sets, skipped when already complete
-    python bench/prepare_data.py --synthetic-train 20480 --out data
+    python bench/prepare/prepare_data.py                                   # both sets, skipped when already complete
+    python bench/prepare/prepare_data.py --synthetic-train 20480 --out data
 
 (a) OUT/fashion-mnist-jpeg/{train,val}/<k>_<class>/<index>.jpg: the 60,000 + 10,000 Fashion-MNIST images as 28x28
     greyscale JPEG (quality 95). Real, labelled images; the `<k>_` prefix keeps ImageFolder's sorted class order
@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 
 import common  # noqa: E402

@@ -2,8 +2,8 @@
 training steps, the compile, the start-up before the training and what follows it), with each folder's noise floor
 and its share of comparison cells that got a verdict. Reads each folder's runs.csv, pairs.csv and summary.csv.
 
-    python bench/overhead.py BEFORE AFTER                   # two result folders: the table, printed
-    python bench/overhead.py BEFORE AFTER --out AFTER/overhead.md   # and written there
+    python bench/studies/overhead.py BEFORE AFTER                   # two result folders: the table, printed
+    python bench/studies/overhead.py BEFORE AFTER --out AFTER/overhead.md   # and written there
 
 The parts: `steps` = train_s - compile_s (every training step, warm-up included, less the first step's compile),
 `compile` = compile_s (torch.compile's first step; per run, the median over the runs that compiled), `outside` = wall_s - train_s (everything the
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pandas as pd
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # bench/: pairs
 import pairs  # noqa: E402
 
 VERDICTS = ("faster", "slower", "no measurable difference")
@@ -110,7 +110,7 @@ def main() -> None:
     text = markdown(rows)
     print(text)
     if args.out:
-        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "src"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))
         import common
 
         common.io.atomic_write_text(args.out, text + "\n")

@@ -3,8 +3,8 @@ then every other folder with the pages that still cite it, then the mutation tab
 machine, date, commit, noise floor, runs' time and verdicts are read from the folder (env.json or provenance.json,
 table.md or README.md, runs.csv, summary.csv) the way its pages read it, never typed.
 
-    python bench/results_index.py            # write results/README.md
-    python bench/results_index.py --check    # exit 1 if results/README.md is not what this would write
+    python bench/pages/results_index.py            # write results/README.md
+    python bench/pages/results_index.py --check    # exit 1 if results/README.md is not what this would write
 """
 
 from __future__ import annotations
@@ -12,19 +12,18 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import subprocess
 import sys
 import tomllib
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
 RESULTS = REPO / "results"
 PAGES = ["README.md", "docs/*.md", "docs/techniques/*.md"]
 MAIN_FILES = ("table.md", "README.md", "overhead.md", "cost.json")  # what a folder's link opens, the first it has
 HEADER = """# Results
 
-Written by `python bench/results_index.py` from [`current.toml`](current.toml) (which folder stands for each topic)
+Written by `python bench/pages/results_index.py` from [`current.toml`](current.toml) (which folder stands for each topic)
 and the folders themselves; do not edit. Every folder holds the logs, metrics and `env.json` of the runs its numbers
 come from. *Scripts' commit*: the commit its tables' provenance line names (`provenance.json`'s correction where a
 folder has one, else `env.json`'s), "(dirty)" where that tree had uncommitted changes; `git diff --stat COMMIT -- src/`
@@ -58,7 +57,7 @@ def load_topics() -> list[dict]:
 
 def floor_pct(folder: Path) -> float | None:
     """A result folder's noise floor in percent, from its table.md's header (else its README.md's, where a script
-    other than the bench wrote the folder: bench/nanogpt.py); None where it was not measured."""
+    other than the bench wrote the folder: bench/studies/nanogpt.py); None where it was not measured."""
     for name in ("table.md", "README.md"):
         try:
             found = re.search(r"Noise floor: ±([\d.]+) %", (folder / name).read_text())
@@ -68,11 +67,11 @@ def floor_pct(folder: Path) -> float | None:
     return None
 
 
-def tracked_folders() -> list[str]:
-    """The top-level folders of results/ that git tracks, archive/ and mutations/ apart (sorted)."""
-    listed = subprocess.run(["git", "-C", str(REPO), "ls-files", "results"], capture_output=True, text=True,
-                            check=True).stdout  # fmt: skip
-    names = {line.split("/")[1] for line in listed.splitlines() if line.count("/") >= 2}
+def result_folders() -> list[str]:
+    """The folders at the top of results/ on disk (sorted), whether git tracks them yet or not, so that a new folder
+    joins the index before its first `git add`: all but archive/ and mutations/ (listed apart), local/ (a user's own
+    runs, ignored by git) and hidden ones."""
+    names = {p.name for p in RESULTS.iterdir() if p.is_dir() and not p.name.startswith(".")}
     return sorted(names - {"archive", "mutations", "local"})
 
 
@@ -122,7 +121,7 @@ def target_floor_pct(folder: Path) -> float | None:
 
 
 def judged(word: str, floor_pct_: float | None) -> str:
-    """A verdict as the folder's floor allows it now, as the technique pages print it (bench/pages.py `allowed`):
+    """A verdict as the folder's floor allows it now, as the technique pages print it (bench/pages/pages.py `allowed`):
     without a measured floor no verdict at all; within a floor wider than bench/pairs.py's NOISY_FLOOR, "no
     measurable difference" is no verdict. "disturbed" and "no verdict" stay as they are."""
     from pairs import NOISY_FLOOR
@@ -238,15 +237,15 @@ def mutation_rows() -> list[str]:
 
 
 def render() -> str:
-    """The text of results/README.md. Raises SystemExit with one line if current.toml names a folder git does not
-    track, or names one twice."""
+    """The text of results/README.md. Raises SystemExit with one line if current.toml names a folder that is not in
+    results/, or names one twice."""
     topics = load_topics()
-    folders = tracked_folders()
+    folders = result_folders()
     named = [t["folder"] for t in topics]
     unknown = [n for n in named if n not in folders]
     if unknown or len(set(named)) != len(named):
         raise SystemExit(f"results_index.py: error: current.toml names {unknown or 'a folder twice'}: "
-                         "each topic one tracked folder of results/")  # fmt: skip
+                         "each topic one folder of results/")  # fmt: skip
     from pairs import NOISY_FLOOR
 
     lines = [HEADER.format(noisy=100 * NOISY_FLOOR), "## Current: the folder each page should quote", "",
@@ -274,7 +273,8 @@ def main() -> None:
     path = RESULTS / "README.md"
     if args.check:
         if not path.is_file() or path.read_text() != text:
-            print("results_index.py: results/README.md is stale: run python bench/results_index.py", file=sys.stderr)
+            print("results_index.py: results/README.md is stale: run python bench/pages/results_index.py",
+                  file=sys.stderr)  # fmt: skip
             raise SystemExit(1)
         return
     sys.path.insert(0, str(REPO / "src"))

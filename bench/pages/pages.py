@@ -1,16 +1,20 @@
-"""The "Measured now" block of each technique page (docs/techniques/<script>.md), written from the current folders
-that results/current.toml names: every row of the page's script in each folder's summary.csv, its rate and its
-comparison (× its base, the pairs' min–max, the verdict) and the folder's noise floor, as the folder's own tables give
-them. The block sits between two markers; the rest of the page is written by hand and says which machine it speaks
-of. A page without the markers gets the block before its "## Same training" section (else "## Run", else at the end).
+"""The pages' generated blocks, each between two markers (the rest of a page is written by hand), so that no number
+and no list that a script can read is typed:
 
-    python bench/pages.py            # write the blocks, and the README's table
-    python bench/pages.py --check    # exit 1 if a page's block is not what this would write (tests/test_docs.py)
+- the "Measured now" block of each technique page (docs/techniques/<script>.md), written from the current folders
+  that results/current.toml names: every row of the page's script in each folder's summary.csv, its rate and its
+  comparison (× its base, the pairs' min–max, the verdict) and the folder's noise floor, as the folder's own tables
+  give them. A page without the markers gets the block before its "## Same training" section (else "## Run", else at
+  the end); the page says by hand which machine it speaks of;
+- the README's "Every technique, measured" table, between the same markers: which row of which current folder each
+  of its cells quotes is bench/pages/readme_table.toml's, the numbers are the folders';
+- the README's first screen (the paragraphs under its Quick start, between FIRST_BEGIN and FIRST_END): its words are
+  readme_table.toml's [first_screen] text, each {name} in it a cell of [first_screen.cells];
+- the README's chain tree (between CHAINS_BEGIN and CHAINS_END): check_markers.tree() of the scripts' declarations;
+- docs/scripts.md, whole: a row per script from its docstring (title, declared base, what it adds, first run line).
 
-The README's "Every technique, measured" table is written the same way, between the same markers: which row of
-which current folder each of its cells quotes is bench/readme_table.toml's, the numbers are the folders'. So is the
-README's first screen (the paragraphs under its Quick start, between FIRST_BEGIN and FIRST_END): its words are
-readme_table.toml's [first_screen] text, each {name} in it a cell of [first_screen.cells].
+    python bench/pages/pages.py            # write every block and docs/scripts.md
+    python bench/pages/pages.py --check    # exit 1 if one is not what this would write (tests/test_docs.py)
 
 A verdict is printed as the folder's floor allows it now (bench/pairs.py): "no measurable difference" from a floor
 wider than NOISY_FLOOR reads "no verdict: noise floor ±N %" (an older folder's summary may say otherwise).
@@ -19,6 +23,7 @@ wider than NOISY_FLOOR reads "no verdict: noise floor ±N %" (an older folder's 
 from __future__ import annotations
 
 import argparse
+import ast
 import json
 import re
 import sys
@@ -27,10 +32,10 @@ from pathlib import Path
 
 import pandas as pd
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "bench"))
-sys.path.insert(0, str(REPO / "src"))
+REPO = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "bench"), str(REPO / "src")]  # results_index, cells, common
 
+import check_markers  # noqa: E402
 from cells import fmt, ips_cell, pair_cell, peak_cells  # noqa: E402
 from pairs import NOISY_FLOOR  # noqa: E402
 from results_index import floor_pct, load_topics, machine  # noqa: E402
@@ -38,13 +43,19 @@ from results_index import floor_pct, load_topics, machine  # noqa: E402
 import common  # noqa: E402
 from tables import compared_cell  # noqa: E402
 
-BEGIN = "<!-- measured: written by bench/pages.py from results/current.toml's folders; do not edit -->"
+BEGIN = "<!-- measured: written by bench/pages/pages.py from results/current.toml's folders; do not edit -->"
 END = "<!-- /measured -->"
-FIRST_BEGIN = "<!-- first screen: written by bench/pages.py from bench/readme_table.toml and the folders; do not edit -->"
+FIRST_BEGIN = (
+    "<!-- first screen: written by bench/pages/pages.py from bench/pages/readme_table.toml and the folders; "
+    "do not edit -->"
+)
 FIRST_END = "<!-- /first screen -->"
 PAGES = REPO / "docs" / "techniques"
 README = REPO / "README.md"
-README_TABLE = REPO / "bench" / "readme_table.toml"
+README_TABLE = REPO / "bench" / "pages" / "readme_table.toml"
+CHAINS_BEGIN = "<!-- chains: written by bench/pages/pages.py from the scripts' docstrings; do not edit -->"
+CHAINS_END = "<!-- /chains -->"
+SCRIPTS_PAGE = REPO / "docs" / "scripts.md"
 RATIO_COLUMNS = ("speedup_rung", "x_memory", "x_sweep", "of_whole")  # a row's own comparison, the first it has
 
 
@@ -268,7 +279,8 @@ def first_screen_value(cell: dict, folders: Folders) -> str:
     """One {name} of the first screen: a table cell (cell_value; a time to the target's verdict in its own words,
     sooner / later), or, by `show`: "folder" (a link to the topic's folder), "machine" (what it ran on),
     "run_all_time" (the wall time that the folder's run_all-time.txt records, and how many runs its runs.csv holds),
-    "nanogpt" (nanoGPT side by side: `run` against `against`, × sooner in its rounds, bench/nanogpt.py's cell)."""
+    "nanogpt" (nanoGPT side by side: `run` against `against`, × sooner in its rounds: bench/studies/nanogpt.py's
+    cell)."""
     show = cell["show"]
     folder = REPO / "results" / folders.folder(cell["topic"])
     if show == "folder":
@@ -286,7 +298,8 @@ def first_screen_value(cell: dict, folders: Folders) -> str:
             raise SystemExit(f"pages.py: error: {folder.name}/run_all-time.txt has no 'wall M min S s' line")
         return f"{wall[1]} min {float(wall[2]):.0f} s ({runs} runs, re-runs of disturbed pairs included)"
     if show == "nanogpt":
-        import nanogpt  # bench/nanogpt.py: the side by side's own cells
+        sys.path.insert(0, str(REPO / "bench" / "studies"))
+        import nanogpt  # bench/studies/nanogpt.py: the side by side's own cells
 
         line = nanogpt.measured(folder)["cells"].get((cell["against"], cell["run"]))
         if line is None:
@@ -308,6 +321,64 @@ def first_screen(spec: dict, folders: Folders) -> str:
     return "\n".join([FIRST_BEGIN, text, FIRST_END])
 
 
+def chains_block(src: Path = REPO / "src") -> str:
+    """The README's chain tree between CHAINS_BEGIN and CHAINS_END: check_markers.tree() of the declarations."""
+    return "\n".join([CHAINS_BEGIN, "```", check_markers.tree(src), "```", CHAINS_END])
+
+
+def first_run_line(script: Path) -> str:
+    """The first run line of a script's docstring that names the script (its indented lines, a trailing `\\`
+    continuing one), as a code span with its comment: what --help prints first."""
+    doc = ast.get_docstring(ast.parse(script.read_text()), clean=False) or ""
+    pending = ""
+    for line in doc.splitlines():
+        if not (line.startswith("    ") or pending):
+            continue
+        pending += line.strip().removesuffix("\\").strip() + " "
+        if line.rstrip().endswith("\\"):
+            continue
+        command, pending = " ".join(pending.split()), ""
+        if f"src/{script.name}" in command and "|" not in command and "`" not in command:
+            code, _, why = command.partition(" # ")
+            return f"`{code}  # {why}`" if why else f"`{code}`"
+    return "–"
+
+
+def scripts_page(src: Path = REPO / "src") -> str:
+    """docs/scripts.md: a row per script of `src`, in the chains' order, from its docstring: its page, title, the
+    base it declares, what it adds and its first run line."""
+    rows = []
+    for name in check_markers.in_tree_order(src):
+        script = src / name
+        base = check_markers.declared_base(script)
+        cells = [f"[`{name}`](techniques/{script.stem}.md)", check_markers.title(script), f"`{base}`" if base else "–"]
+        rows.append("| " + " | ".join([*cells, check_markers.adds(script), first_run_line(script)]) + " |")
+    return "\n".join(
+        [
+            "# The scripts",
+            "",
+            "<!-- written by bench/pages/pages.py from the docstrings of src/*.py; do not edit -->",
+            "Every script of `src/`, in the order of [the chains](../README.md#the-chains-and-the-scripts): what it",
+            "shows, the base it declares in its docstring's first line (`Title: base.py + what it adds`), what it adds,",
+            "and the first run line of its docstring (`--help` prints them all). A new script gets its row from its",
+            "docstring (`python bench/pages/pages.py`); how to add one: [CONTRIBUTING.md](../CONTRIBUTING.md).",
+            "",
+            "| script (its page) | what it shows | its base | what it adds | run it |",
+            "|---|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
+def between(text: str, begin: str, end: str, new: str, where: str) -> str:
+    """`text` with the block from `begin` to `end` replaced by `new`. Raises SystemExit (one line) without it."""
+    if begin not in text or end not in text:
+        raise SystemExit(f"pages.py: error: {where} has no {begin} ... {end}")
+    start, stop = text.index(begin), text.index(end) + len(end)
+    return text[:start] + new + text[stop:]
+
+
 def load_readme_spec() -> dict:
     try:
         return tomllib.loads(README_TABLE.read_text())
@@ -316,37 +387,39 @@ def load_readme_spec() -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description="write each technique page's Measured now block")
+    parser = argparse.ArgumentParser(
+        description="write the generated blocks: each technique page's Measured now, the README's first screen, table "
+        "and chain tree, and docs/scripts.md"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 if a page's block is stale")
     args = parser.parse_args()
     topics = load_topics()
     stale = []
+
+    def keep(path: Path, old: str, new: str) -> None:
+        if new != old:
+            stale.append(path.relative_to(REPO))
+            if not args.check:
+                common.io.atomic_write_text(path, new)  # Ctrl-C leaves the page whole, old or new
+
     for page in sorted(PAGES.glob("*.md")):
         script = page.stem + ".py"
         if not (REPO / "src" / script).is_file():
             continue  # a page of no script (cpu_launch.md)
         text = page.read_text()
-        new = with_block(text, block(script, topics))
-        if new != text:
-            stale.append(page.relative_to(REPO))
-            if not args.check:
-                common.io.atomic_write_text(page, new)  # Ctrl-C leaves the page whole, old or new
+        keep(page, text, with_block(text, block(script, topics)))
     readme = README.read_text()
     if BEGIN not in readme or END not in readme:
         raise SystemExit(f"pages.py: error: README.md has no {BEGIN} ... {END} for its table")
     spec, folders = load_readme_spec(), Folders(topics)
     new = with_block(readme, readme_table(spec, folders))
-    if FIRST_BEGIN in new and FIRST_END in new:
-        start, end = new.index(FIRST_BEGIN), new.index(FIRST_END) + len(FIRST_END)
-        new = new[:start] + first_screen(spec, folders) + new[end:]
-    else:
-        raise SystemExit(f"pages.py: error: README.md has no {FIRST_BEGIN} ... {FIRST_END} for its first screen")
-    if new != readme:
-        stale.append(README.relative_to(REPO))
-        if not args.check:
-            common.io.atomic_write_text(README, new)
+    new = between(new, FIRST_BEGIN, FIRST_END, first_screen(spec, folders), "README.md (its first screen)")
+    new = between(new, CHAINS_BEGIN, CHAINS_END, chains_block(), "README.md (its chain tree)")
+    keep(README, readme, new)
+    keep(SCRIPTS_PAGE, SCRIPTS_PAGE.read_text() if SCRIPTS_PAGE.is_file() else "", scripts_page())
     if args.check and stale:
-        print(f"pages.py: stale blocks in {', '.join(map(str, stale))}: run python bench/pages.py", file=sys.stderr)
+        print(f"pages.py: stale blocks in {', '.join(map(str, stale))}: run python bench/pages/pages.py",
+              file=sys.stderr)  # fmt: skip
         raise SystemExit(1)
     if not args.check:
         print(f"pages.py: wrote {len(stale)} page(s)")
