@@ -150,6 +150,19 @@ def test_a_well_marked_variant_passes_despite_indentation(tmp_path):
     assert problems(tmp_path, GOOD) == []
 
 
+def test_a_note_explains_a_removal_or_the_marked_lines_below_it_and_marks_nothing(tmp_path):
+    """A comment-only `# new # <why>` line (a note) is what a removed base statement needs where it was (GOOD's
+    "no manual seed"); above marked lines it explains them (train_amp.py's autocast block); a note alone does not
+    mark the unmarked line below it."""
+    explained = GOOD.replace('    scaler.step(optimizer)  # new #\n',
+                             '    # new # the scaler unscales, then steps\n    scaler.step(optimizer)  # new #\n')  # fmt: skip
+    assert problems(tmp_path, explained) == []
+    assert "# new # convs/matmuls in low precision" in (REPO / "src" / "train_amp.py").read_text()
+    unmarked = explained.replace("    scaler.step(optimizer)  # new #\n", "    scaler.step(optimizer)\n")
+    found = problems(tmp_path, unmarked)
+    assert any("changed or added without a `# new #` marker: scaler . step" in p for p in found), found
+
+
 def test_unmarked_insertion_is_caught(tmp_path):
     variant = GOOD.replace("for step in range(3):", 'print("hello")\nfor step in range(3):')
     found = problems(tmp_path, variant)

@@ -13,7 +13,8 @@ The rules (docs/markers.md has them with examples):
   train_channels_last.py -> ...
 - A trailing `# new #` marks its line and the (logical) statement it sits on; `# new # begin <why>` ...
   `# new # end` marks every line between them (blocks close and do not nest); a comment-only `# new # <why>` line
-  documents a base line that was removed or moved; a comment line may end in `# new #` (a rewritten header).
+  (a note) marks nothing and may stand anywhere: it is what a removed or moved base statement needs where it was,
+  or it explains the marked lines below it; a comment line may end in `# new #` (a rewritten header).
 - Statements: a minimal diff (`opcodes`, a longest common subsequence as GNU diff finds) aligns the base's statements (tokens joined by single spaces, so
   indentation, wrapping and comments never count) with the variant's *unmarked* ones. A problem is an unmarked
   inserted or replaced statement, a removed base statement with no marker between its unmarked neighbours, or a
@@ -202,7 +203,7 @@ def parse(path: Path, text: str | None = None) -> Parsed:
                     parsed.notes[line] = "comment"  # a comment line rewritten for the variant
                     parsed.marked_lines[line] = tok.start[1] + at
                 elif own_line:
-                    parsed.notes[line] = "note"  # documents a removed or moved base line
+                    parsed.notes[line] = "note"  # marks nothing: explains a removed base line, or the lines below
                 else:
                     marked, why = True, text_after
                     parsed.marked_lines[line] = tok.start[1]
