@@ -82,8 +82,14 @@ def end_of_run(summary: pd.DataFrame, env: dict, noise: dict | None, out: Path) 
     if not (Path(out) / "index.html").is_file():  # a folder to commit under results/: the bench left the pages out
         places = (*places[:2], "python bench/pages/diff_pages.py --out DIR")  # reads every folder of results/
     one = f"Tables: {places[0]} · plots: {places[1]} · side by side: {places[2]}"
-    lines += [one] if len(one) <= WIDTH else [f"Tables:       {places[0]}", f"Plots:        {places[1]}",
-                                              f"Side by side: {places[2]}"]  # fmt: skip
+    three = [f"Tables:       {places[0]}", f"Plots:        {places[1]}", f"Side by side: {places[2]}"]
+    if len(one) <= WIDTH:
+        lines.append(one)
+    elif max(map(len, three)) <= WIDTH:
+        lines += three
+    else:  # a folder's path too long for a line with anything else: the path alone, then the names in it
+        names = [place.replace(f"{folder}/", "") for place in places]
+        lines += [f"In {folder}/:", _fit(f"  tables: {names[0]} · plots: {names[1]} · side by side: {names[2]}", WIDTH)]
     return "\n".join(lines)
 
 
