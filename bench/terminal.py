@@ -89,7 +89,7 @@ def end_of_run(summary: pd.DataFrame, env: dict, noise: dict | None, out: Path) 
         lines += three
     else:  # a folder's path too long for a line with anything else: the path alone, then the names in it
         names = [place.replace(f"{folder}/", "") for place in places]
-        lines += [f"In {folder}/:", _fit(f"  tables: {names[0]} · plots: {names[1]} · side by side: {names[2]}", WIDTH)]
+        lines += [f"In {folder}/:", f"  tables: {names[0]} · plots: {names[1]}", f"  side by side: {names[2]}"]
     return "\n".join(lines)
 
 

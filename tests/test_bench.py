@@ -327,7 +327,7 @@ def test_the_end_of_a_run_fits_a_terminal_and_says_what_ladder_md_says(tmp_path)
     for place in ("table.md", "ladder.md", "*.png", "index.html"):
         assert place in proc.stdout
     if long_path in lines:
-        assert "table.md" in lines[lines.index(long_path) + 1] and "index.html" in lines[lines.index(long_path) + 1]
+        assert "table.md" in lines[lines.index(long_path) + 1] and "index.html" in lines[lines.index(long_path) + 2]
     else:
         assert f"{out}/table.md" in proc.stdout and f"{out}/*.png" in proc.stdout and f"{out}/index.html" in proc.stdout
 
