@@ -400,7 +400,7 @@ def main() -> None:
     if args.peak_table:
         return write_peak_table(args.peak_table)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    bf16 = common.env.cpu_info()["bf16_instructions"]
+    bf16 = common.native_bfloat16(torch.device("cpu"))  # the scripts' own test: instructions, and oneDNN let use them
     profile, table, matrix, rounds = the_matrix(parser, args, gpus, bf16)
     if args.dry_run:
         return dry_run(args, profile, matrix, rounds, gpus, bf16)
@@ -417,8 +417,11 @@ def main() -> None:
     # without compiling. TORCH_WARM_POOL=0 (torch._dynamo's inductor backend reads it) starts the pool only when a
     # graph must be compiled; the steps do not change. A value set by the caller wins; env.json records it.
     os.environ.setdefault("TORCH_WARM_POOL", "0")
+    if common.env.limited_inductor_cache():  # ISA limits (a CPU without bf16 instructions): a cache of their own
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", common.env.limited_inductor_cache())
     env = bench_environment(args, profile, gpus, table)
     env["TORCH_WARM_POOL"] = os.environ["TORCH_WARM_POOL"]
+    env["TORCHINDUCTOR_CACHE_DIR"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
     common.io.atomic_write_text(out / "env.json", json.dumps(env, indent=2) + "\n")
     skipped = {run["name"]: reason for run in matrix if (reason := skip_reason(run, gpus, bf16))}

@@ -9,11 +9,29 @@ from pairs import NOISY_FLOOR
 from peak import datasheet, of_datasheet, of_peak
 
 
+def cpu_kind(env: dict) -> str:
+    """The kind of CPU a run had, as the pages name it: "AMX", "AVX512-BF16" or "AVX2 only" from its flags, and
+    "AVX512-BF16, limited to AVX2" where torch's kernels were kept below the bf16 instructions it has
+    (env.json's `isa_limits`, common.env.ISA_LIMITS): what a CPU without them runs, on one that has them."""
+    flags = env.get("cpu_flags") or []
+    kind = "AMX" if "amx_tile" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "AVX2 only"
+    limits = env.get("isa_limits") or {}
+    if limits and kind != "AVX2 only" and not env.get("bf16_native", True):
+        kind += f", limited to {limits.get('ONEDNN_MAX_CPU_ISA') or next(iter(limits.values()))}"
+    return kind
+
+
 def cpu_line(env: dict) -> str:
-    """The CPU, its core count and whether it has bf16 instructions (which decide whether bf16 autocast is fast)."""
+    """The CPU, its core count and whether it has bf16 instructions (which decide whether bf16 autocast is fast), and
+    the variables that limited torch's kernels, where set."""
     flags = ", ".join(env.get("cpu_flags") or []) or "none of avx2/avx512f/avx512_bf16/amx"
     bf16 = "with" if env.get("bf16_instructions") else "without"
-    return f"{env.get('cpu_model') or env.get('cpu')}, {env['cpu_count']} cores, {bf16} bf16 instructions ({flags})"
+    line = f"{env.get('cpu_model') or env.get('cpu')}, {env['cpu_count']} cores, {bf16} bf16 instructions ({flags})"
+    limits = env.get("isa_limits") or {}
+    if limits:
+        native = "bfloat16 emulated" if not env.get("bf16_native", True) else "bfloat16 native"
+        line += f", limited by {' '.join(f'{k}={v}' for k, v in limits.items())} ({native})"
+    return line
 
 
 def hardware_line(env: dict) -> str:

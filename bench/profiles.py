@@ -81,8 +81,8 @@ def load_profile(matrix: Path, profile: str) -> dict:
                 fail(f"{at}: {key} {run[key]!r} is not the name of a run of the profile")
         if name_list(run.get("ladder", [])) is None:
             fail(f"{at}: ladder must be a name or a list of names, got {run['ladder']!r}")
-        if run.get("requires", "cuda") not in ("cuda", "bf16"):
-            fail(f'{at}: requires must be "cuda" or "bf16", got {run["requires"]!r}')
+        if run.get("requires", "cuda") not in ("cuda", "bf16", "no-bf16"):
+            fail(f'{at}: requires must be "cuda", "bf16" or "no-bf16", got {run["requires"]!r}')
         sweeps, knobs = (name_list(run.get(key, [])) for key in ("sweep", "knob"))
         if sweeps is None or knobs is None or len(sweeps) != len(knobs) or not set(knobs) <= set(KNOBS):
             fail(
@@ -137,7 +137,8 @@ def _check_values(entry: dict, at: str) -> None:
 
 
 def skip_reason(run: dict, gpus: int, bf16: bool = True) -> str | None:
-    """Why `run` cannot run on this machine (`requires` "cuda" or "bf16": a CPU with bf16 instructions, `bf16`;
+    """Why `run` cannot run on this machine (`requires` "cuda"; "bf16": a CPU that runs bfloat16 natively, `bf16`;
+    "no-bf16": one that would emulate it, where the scripts' defaults are float32 and the row says so;
     `min_gpus`; `skip`: a rung whose technique does not apply to the row's model, with the reason; a library its
     env's LD_PRELOAD names that is not there), or None."""
     if run.get("skip"):
@@ -145,7 +146,9 @@ def skip_reason(run: dict, gpus: int, bf16: bool = True) -> str | None:
     if run.get("requires") == "cuda" and gpus == 0:
         return "needs a CUDA GPU"
     if run.get("requires") == "bf16" and not bf16:
-        return "this CPU has no bf16 instructions (bf16 would run emulated, several times slower)"
+        return "no native bfloat16 on this CPU (no AVX512-BF16 or AMX, or oneDNN kept below them): it would be emulated"
+    if run.get("requires") == "no-bf16" and bf16:
+        return "this CPU runs bfloat16 natively: the scripts' defaults are its bf16 row's"
     if gpus < run.get("min_gpus", 0):
         return f"needs ≥ {run['min_gpus']} GPUs, this machine has {gpus}"
     missing = [lib for lib in run.get("env", {}).get("LD_PRELOAD", "").split() if not Path(lib).is_file()]

@@ -22,7 +22,7 @@ from collections import Counter
 from pathlib import Path
 
 import pandas as pd
-from cells import cell_text, pair_cell, row_groups, sweep_groups
+from cells import cell_text, cpu_kind, pair_cell, row_groups, sweep_groups
 from pairs import NOISY_FLOOR
 
 WIDTH = 100  # the widest line printed: an 80-column terminal wraps a few, a 100- or 120-column one none
@@ -100,6 +100,8 @@ def _machine(env: dict, width: int = WIDTH) -> str:
         return _fit(f"{env['gpu_count']} × {' + '.join(sorted(set(env.get('gpus') or [])))}", width)
     flags = [f for f in env.get("cpu_flags") or [] if "bf16" in f or f.startswith("amx")]
     bf16 = (", ".join(flags) or "bf16 instructions") if env.get("bf16_instructions") else "no bf16 instructions"
+    if env.get("isa_limits") and not env.get("bf16_native", True) and env.get("bf16_instructions"):
+        bf16 = cpu_kind(env)  # "AVX512-BF16, limited to AVX2": what a CPU without them runs
     rest = f", {env.get('cpu_count')} cores, {bf16}"
     return _fit(str(env.get("cpu_model") or env.get("cpu")), max(width - len(rest), 12)) + rest
 

@@ -46,11 +46,12 @@ import threading
 import time
 
 # Read when the server imports torch, not when a child runs: OpenMP's thread count, the import path, a preloaded
-# allocator, the visible GPUs, and torch's own variables (TORCH_LOGS, TORCHINDUCTOR_*, TORCH_COMPILE_*, PYTORCH_*:
-# their modules read them at import). A run whose environment sets one of these otherwise than the server's needs a
-# fresh interpreter.
+# allocator, the visible GPUs, torch's own variables (TORCH_LOGS, TORCHINDUCTOR_*, TORCH_COMPILE_*, PYTORCH_*: their
+# modules read them at import) and the instruction-set limits of its CPU kernels (ONEDNN_MAX_CPU_ISA,
+# ATEN_CPU_CAPABILITY, MKL_ENABLE_INSTRUCTIONS: read once, at the first kernel). A run whose environment sets one of
+# these otherwise than the server's needs a fresh interpreter.
 FIXED = ("PYTHONPATH", "PYTHONHOME", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "LD_PRELOAD", "CUDA_VISIBLE_DEVICES")
-FIXED_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "CUBLAS_", "CUDNN_")
+FIXED_PREFIXES = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "CUDA_", "NCCL_", "CUBLAS_", "CUDNN_", "ONEDNN_", "ATEN_")
 
 
 def fixed_env(env) -> dict:

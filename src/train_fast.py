@@ -43,8 +43,8 @@ parser.add_argument(  # new #
     "--amp-dtype",
     choices=["float16", "bfloat16", "float32"],
     default=None,
-    help="default: float16 on CUDA, bfloat16 on CPU; float32: autocast off and no GradScaler (the rest of the lesson "
-    "without mixed precision, e.g. on a CPU without bf16 instructions, where bfloat16 is emulated)",
+    help="default: float16 on CUDA, bfloat16 on a CPU with AVX512-BF16 or AMX, else float32; float32: autocast off "
+    "and no GradScaler (the rest of the lesson without mixed precision: what a CPU that would emulate bfloat16 runs)",
 )
 parser.add_argument(  # new #
     "--compile-mode",
@@ -66,10 +66,7 @@ parser.add_argument(  # new #
 )
 common.cli.add_without(parser, "device-data", "fused-adamw", "cudnn-benchmark", "muon")  # new # the ablation rows
 args = common.parse_args(parser, recipe=RECIPE)  # new # the GPT's Muon recipe where the command line is silent
-# new # begin: DALI decodes into float16, which a float32 model without autocast does not take; only Fashion-MNIST
-# has a DataLoader to leave out
-if args.amp_dtype == "float32" and args.dataset == "imagefolder":
-    parser.error("--amp-dtype float32 does not take --dataset imagefolder (DALI decodes into float16)")
+# new # begin: only Fashion-MNIST has a DataLoader to leave out
 if "device-data" in args.without and args.dataset != "fashion-mnist":
     parser.error("--without device-data applies to --dataset fashion-mnist (the other inputs have no DataLoader here)")
 # new # end
@@ -95,11 +92,16 @@ if device.type == "cpu":  # what it cannot do here, for the input it was given (
     }
     print(f"train_fast.py: no GPU: no float16 tensor cores{where.get(args.dataset, '')}", flush=True)
 # new # end
-# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (nearest honest equivalent)
-amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
+# new # begin: the low precision this device multiplies natively: float16 on CUDA's tensor cores, bfloat16 on a CPU
+# with AVX512-BF16 or AMX; a CPU without them emulates both, slower than float32, so autocast stays off there
+native_bf16 = common.native_bfloat16(device)
+amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16" if native_bf16 else "float32")
+if device.type == "cpu" and not native_bf16 and amp_dtype != "float16":  # which, and why, in one line
+    chosen = "bfloat16 as asked, emulated" if amp_dtype == "bfloat16" else "autocast off, float32"
+    print(f"AMP: {common.device.bfloat16_emulated(device)}; {chosen}", flush=True)
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
     print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
-if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+if amp_dtype == "bfloat16" and device.type == "cuda" and not native_bf16:
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)
@@ -151,7 +153,7 @@ if args.model in common.TEXT_MODELS:
 # -- data: one synthetic batch on the device, JPEG files through DALI, or Fashion-MNIST held on the device  # new #
 if args.dataset == "synthetic":
     train_loader, test_loader = common.synthetic_data(args, device)
-# new # begin: JPEG files: loader_DALI.py's graph (common/dali.py), 'mixed' decoding into float16 channels_last batches
+# new # begin: JPEG files: loader_DALI.py's graph (common/dali.py), 'mixed' decoding into channels_last batches
 elif args.dataset == "imagefolder":
     train_dir, val_dir, classes = common.image_folders(args.data_dir, args.batch_size)
     num_classes, threads = len(classes), args.threads or max(1, args.workers)
@@ -161,7 +163,7 @@ elif args.dataset == "imagefolder":
         threads=threads,
         device=device,
         seed=args.seed,
-        dtype=torch.float16,  # half the bytes of float32; autocast computes in float16 / bfloat16 anyway
+        dtype=torch.float16 if use_amp else torch.float32,  # float16: half the bytes; autocast computes in 16 bits
         channels_last=True,  # HWC batches, permuted to (N, C, H, W) in channels_last without a copy
     )
     train_loader = common.DALILoader(train_dir, training=True, **knobs)
@@ -218,9 +220,14 @@ fused = "fused-adamw" not in args.without  # new #
 # new # begin: the blocks' 2-D weights to Muon (momentum, then an orthogonalized update); the rest to fused AdamW
 matrices = [p for block in model.blocks for p in block.parameters() if p.ndim == 2] if use_muon else []
 in_muon = {id(p) for p in matrices}
+ns_dtype = torch.bfloat16 if common.native_bfloat16(device) else torch.float32  # train_muon.py's: what runs natively
 muon = (
-    torch.optim.Muon(matrices, lr=args.muon_lr, momentum=0.95, nesterov=True, weight_decay=5e-4) if use_muon else None
+    common.Muon(matrices, lr=args.muon_lr, momentum=0.95, nesterov=True, weight_decay=5e-4, ns_dtype=ns_dtype)
+    if use_muon
+    else None
 )
+if use_muon:
+    print(f"Muon: Newton-Schulz in {ns_dtype}, native on this {device.type}", flush=True)
 optimizer = torch.optim.AdamW(
     [p for p in model.parameters() if id(p) not in in_muon], lr=args.lr, weight_decay=5e-4, fused=fused
 )  # fused: fewer kernels
@@ -307,7 +314,7 @@ for epoch in range(start_epoch, args.epochs):
             )  # new #
         break
 
-    with torch.autocast(device.type, dtype=amp_dtype, enabled=args.dataset == "imagefolder"):  # new # DALI: float16
+    with torch.autocast(device.type, dtype=amp_dtype, enabled=use_amp and args.dataset == "imagefolder"):  # new # DALI
         val_loss, val_acc = common.evaluate(model, test_loader, device)
     epochs.append(
         common.epoch_record(epoch + 1, step, loss_sum / max(epoch_steps, 1), val_loss, val_acc, meter, logits)
@@ -339,6 +346,7 @@ common.report(
     recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
     muon_lr=args.muon_lr,  # new # None: AdamW for every parameter
+    muon_ns_dtype=str(ns_dtype).removeprefix("torch.") if use_muon else None,  # new # the precision of Newton-Schulz
     compiled_blocks=sum(r is not m for r, m in zip(compiled, model)) if args.compile_regions else None,  # new #
     loader=f"DALI {'mixed' if device.type == 'cuda' else 'cpu'}" if args.dataset == "imagefolder" else None,  # new #
     workers=args.threads or max(1, args.workers) if args.dataset == "imagefolder" else None,  # new # DALI threads

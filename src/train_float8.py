@@ -46,8 +46,8 @@ parser.add_argument(  # new #
     "--amp-dtype",
     choices=["float16", "bfloat16", "float32"],
     default=None,
-    help="default: float16 on CUDA, bfloat16 on CPU; float32: autocast off and no GradScaler (the rest of the lesson "
-    "without mixed precision, e.g. on a CPU without bf16 instructions, where bfloat16 is emulated)",
+    help="default: float16 on CUDA, bfloat16 on a CPU with AVX512-BF16 or AMX, else float32; float32: autocast off "
+    "and no GradScaler (the rest of the lesson without mixed precision: what a CPU that would emulate bfloat16 runs)",
 )
 parser.add_argument(  # new #
     "--compile-mode",
@@ -79,11 +79,16 @@ if args.model not in ("vit", *common.TEXT_MODELS):
 # new # end
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
-# new # begin: float16 where tensor cores make it fast, bfloat16 where float16 is missing (nearest honest equivalent)
-amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16")
+# new # begin: the low precision this device multiplies natively: float16 on CUDA's tensor cores, bfloat16 on a CPU
+# with AVX512-BF16 or AMX; a CPU without them emulates both, slower than float32, so autocast stays off there
+native_bf16 = common.native_bfloat16(device)
+amp_dtype = args.amp_dtype or ("float16" if device.type == "cuda" else "bfloat16" if native_bf16 else "float32")
+if device.type == "cpu" and not native_bf16 and amp_dtype != "float16":  # which, and why, in one line
+    chosen = "bfloat16 as asked, emulated" if amp_dtype == "bfloat16" else "autocast off, float32"
+    print(f"AMP: {common.device.bfloat16_emulated(device)}; {chosen}", flush=True)
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
     print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
-if amp_dtype == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported(including_emulation=False):
+if amp_dtype == "bfloat16" and device.type == "cuda" and not native_bf16:
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"
 amp_dtype = getattr(torch, amp_dtype)

@@ -60,7 +60,11 @@ criterion = nn.CrossEntropyLoss()
 # new # begin: the blocks' 2-D weights to Muon; embeddings, head, norms and biases to AdamW
 matrices = [p for block in model.blocks for p in block.parameters() if p.ndim == 2]
 in_muon = {id(p) for p in matrices}
-muon = torch.optim.Muon(matrices, lr=args.muon_lr, momentum=0.95, nesterov=True, weight_decay=5e-4)
+# torch.optim.Muon's Newton-Schulz runs in bfloat16, always: half float32's cost where the hardware has it, many times
+# float32's where a CPU emulates it (no AVX512-BF16 or AMX). common.Muon is torch's, in the precision this device runs
+ns_dtype = torch.bfloat16 if common.native_bfloat16(device) else torch.float32
+print(f"Muon: Newton-Schulz in {ns_dtype}, native on this {device.type}", flush=True)
+muon = common.Muon(matrices, lr=args.muon_lr, momentum=0.95, nesterov=True, weight_decay=5e-4, ns_dtype=ns_dtype)
 # new # end
 optimizer = torch.optim.AdamW(  # new # AdamW for the rest only
     [p for p in model.parameters() if id(p) not in in_muon], lr=args.lr, weight_decay=5e-4
@@ -147,6 +151,7 @@ common.report(
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
+    muon_ns_dtype=str(ns_dtype).removeprefix("torch."),  # new # the precision of Newton-Schulz
 )
 if args.model in common.TEXT_MODELS and args.sample_chars and preemption.stopped_at is None:  # what the GPT learned
     sample = common.generate(model, device, args.sample_chars, context=args.seq_len)

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "src"))
@@ -145,6 +146,24 @@ def fmnist_dir() -> Path:
         return common.data.find_fashion_mnist(download=False)
     except common.data.DataNotFound as error:
         pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
+
+
+def cpu_has_native_bfloat16() -> bool:
+    """Whether this CPU multiplies bfloat16 in hardware, read apart from common.native_bfloat16 (which the tests check
+    against it): /proc/cpuinfo's bf16 dot-product flags (avx512_bf16, amx_bf16), and no ONEDNN_MAX_CPU_ISA set in
+    this environment (the tests that set it ask for AVX2, below them). False where /proc/cpuinfo is missing."""
+    try:
+        flags = next(line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return False
+    return bool({"avx512_bf16", "amx_bf16"} & set(flags.split())) and "ONEDNN_MAX_CPU_ISA" not in os.environ
+
+
+# What a CPU without bf16 instructions runs, on any x86 CPU: oneDNN kept below AVX512-BF16 / AMX (torch then emulates
+# bfloat16 matmuls, as there), ATen's and Inductor's vector code and MKL's at AVX2; Inductor's cache apart (see
+# common.env.limited_inductor_cache: a graph compiled so crashes a run without the limits that loads it)
+WITHOUT_BF16 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+WITHOUT_BF16["TORCHINDUCTOR_CACHE_DIR"] = f"{default_cache_dir()}-avx2"
 
 
 LONGEST_FIRST = ["test_equivalence.py", "test_gpt.py", "test_smoke.py", "test_variants.py", "test_loaders.py"]

@@ -35,6 +35,8 @@ EQ = "tests/test_equivalence.py::"
 GPT = "tests/test_gpt.py::"
 MUON = "tests/test_muon.py::test_muon_takes_the_block_matrices_and_three_steps_match_muon_written_out"
 MUON_FAST = "tests/test_muon.py::test_train_fast_s_gpt_takes_train_muon_s_optimizers_and_steps"
+NATIVE = "tests/test_muon.py::test_a_cpu_without_native_bfloat16_gets_float32_newton_schulz_and_train_fast_leaves_autocast_off"
+NS = "tests/test_muon.py::test_common_muon_in_bfloat16_is_torch_s_bit_for_bit_and_in_float32_is_newton_schulz_written_out"
 VARLEN = "test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
 MUTATIONS = [
@@ -367,6 +369,21 @@ MUTATIONS = [
      "old last.pt unlisted: a good file refused)", "src/common/checkpoint.py",
      "_digest_text([new, *(d for d in previous if d != new)], path.name)", "_digest_text([new], path.name)",
      "tests/test_fuzz.py::test_a_save_interrupted_at_any_write_resumes_the_previous_or_the_new_checkpoint"),
+    ("train_muon.py", "Newton-Schulz in bfloat16 on every device (torch.optim.Muon's: emulated, slow, on a CPU "
+     "without bf16 instructions)", "src/train_muon.py",
+     "ns_dtype = torch.bfloat16 if common.native_bfloat16(device) else torch.float32",
+     "ns_dtype = torch.bfloat16", NATIVE),
+    ("train_fast.py", "bfloat16 autocast by default on a CPU that would emulate it", "src/train_fast.py",
+     '"bfloat16" if native_bf16 else "float32")', '"bfloat16")', NATIVE),
+    ("train_fast.py", "Muon's Newton-Schulz in bfloat16 on a CPU that would emulate it", "src/train_fast.py",
+     "ns_dtype = torch.bfloat16 if common.native_bfloat16(device) else torch.float32",
+     "ns_dtype = torch.bfloat16", NATIVE),
+    ("train_muon.py", "native bfloat16 read from the CPU's flags alone (oneDNN's limit, torch's own test, ignored)",
+     "src/common/device.py",
+     "return onednn and instructions and any(word in limit for word in _BF16_ISA_WORDS)", "return instructions",
+     NATIVE),
+    ("train_muon.py", "Newton-Schulz cast to bfloat16 whatever dtype it was given", "src/common/optim.py",
+     "x = update.to(dtype=dtype, copy=True)", "x = update.to(dtype=torch.bfloat16, copy=True)", NS),
 ]  # fmt: skip
 
 

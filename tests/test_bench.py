@@ -11,11 +11,12 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import REPO, run
+from conftest import BENCH, REPO, run
 
 sys.path.insert(0, str(REPO / "bench"))
 
@@ -353,9 +354,28 @@ def test_a_folder_to_commit_under_results_gets_no_side_by_side_pages_and_the_end
 
 
 def test_bf16_rows_skip_on_a_cpu_without_bf16_and_say_which_ladder_runs_them():
-    run = {"name": "train_compile.py cnn, bf16", "requires": "bf16"}
-    assert profiles.skip_reason(run, gpus=0, bf16=True) is None
-    assert "no bf16 instructions" in profiles.skip_reason(run, gpus=0, bf16=False)
+    """A bf16 row runs where the CPU multiplies bfloat16 natively, a no-bf16 row (the scripts' float32 defaults) only
+    where it would emulate it; each says why where it is skipped. The bench reads the scripts' own test
+    (common.native_bfloat16), so oneDNN kept below AVX512-BF16 (ONEDNN_MAX_CPU_ISA=AVX2) counts as no bf16, and
+    every row of a profile whose name says bf16 either requires it or asks for it (--amp-dtype bfloat16): the
+    scripts' default is float32 on a CPU without native bfloat16."""
+    bf16 = {"name": "train_compile.py cnn, bf16", "requires": "bf16"}
+    assert profiles.skip_reason(bf16, gpus=0, bf16=True) is None
+    assert "no native bfloat16" in profiles.skip_reason(bf16, gpus=0, bf16=False)
+    float32 = {"name": "train_fast.py gpt, float32, Muon, to 1.70", "requires": "no-bf16"}
+    assert profiles.skip_reason(float32, gpus=0, bf16=False) is None
+    assert "runs bfloat16 natively" in profiles.skip_reason(float32, gpus=0, bf16=True)
+    probe = "import torch, common; print(common.native_bfloat16(torch.device('cpu')))"
+    limited = run("-c", probe, env={**os.environ, "PYTHONPATH": str(REPO / "src"), "ONEDNN_MAX_CPU_ISA": "AVX2"})
+    assert limited.stdout.strip() == "False", limited.stderr
+    chain = ("train_amp.py", "train_channels_last.py", "train_compile.py", "train_fast.py")
+    for name, table in tomllib.loads((BENCH / "profiles.toml").read_text()).items():
+        for row in table.get("runs", []):
+            args = [str(a) for a in [*table.get("args", []), *row.get("args", [])]]
+            on_cpu = row.get("requires") != "cuda" and "cuda" not in args
+            if "bf16" in row["name"].split(", ") and row["script"].endswith(chain) and on_cpu:
+                asked = "--amp-dtype" in args and args[args.index("--amp-dtype") + 1] == "bfloat16"
+                assert row.get("requires") == "bf16" or asked, f"[{name}] {row['name']}"
 
 
 def test_a_busy_machine_is_noticed_re_run_and_never_turned_into_a_verdict(tmp_path):

@@ -128,14 +128,20 @@ def losses(result: dict) -> list[float]:
 # so that torch.compile's cache serves both.
 LADDER = ["--model", "cnn", "--subset", "1024", "--batch-size", "64", "--epochs", "1", "--lr", "1e-3", "--test-subset",
           "500"]  # fmt: skip  # 500 test images: all 10,000 are slow in emulated bfloat16
+AUTOCAST_RUNGS = ("train_amp.py", "train_channels_last.py", "train_compile.py", "train_fast.py")
 
 
 @pytest.fixture(scope="module")
 def ladder(tmp_path_factory):
-    """ladder(script, *flags): the run of `script` with LADDER + `flags`, made once per module and shared."""
+    """ladder(script, *flags): the run of `script` with LADDER + `flags`, made once per module and shared. The rungs
+    that choose a precision run bfloat16 autocast unless `flags` name another: their default is the precision the CPU
+    runs natively (float32 on one without bf16 instructions), and what these tests compare is bfloat16's rounding,
+    on any CPU (emulated, slower, where it has none)."""
     out, done = tmp_path_factory.mktemp("ladder"), {}
 
     def get(script: str, *flags: str) -> dict:
+        if script in AUTOCAST_RUNGS and "--amp-dtype" not in flags:
+            flags = (*flags, "--amp-dtype", "bfloat16")
         key = (script, *flags)
         if key not in done:
             done[key] = train(out / re.sub(r"[^A-Za-z0-9]+", "-", " ".join(key)), f"src/{script}", *LADDER, *flags)

@@ -10,12 +10,14 @@ train.py. One step cannot tell momentum from none (the first update is the ortho
 three: the second and third show the momentum, the schedule's second and third rates, and the Nesterov term.
 """
 
+import json
 import math
+import os
 import signal
 
 import torch
 import torch.nn as nn
-from conftest import run
+from conftest import WITHOUT_BF16, cpu_has_native_bfloat16, run
 from test_equivalence import SAME, train, weights
 from test_preemption import finish, state, terminate_after
 
@@ -178,3 +180,72 @@ def test_train_fast_s_gpt_takes_train_muon_s_optimizers_and_steps(tmp_path):
     assert fast["metrics"]["muon_lr"] == MUON_LR and fast["metrics"]["technique"] == "Everything stacked"
     assert fast["metrics"]["args"]["max_steps"] == 1200  # the GPT's recipe, where the command line leaves it out
     assert muon["metrics"]["args"]["max_steps"] == common.models.DEFAULTS["gpt"]["max_steps"]  # train.py's AdamW one
+
+
+# -- the precision of Newton-Schulz: bfloat16 where the device multiplies it natively, float32 where it would emulate it
+
+
+def test_common_muon_in_bfloat16_is_torch_s_bit_for_bit_and_in_float32_is_newton_schulz_written_out():
+    """common.Muon is torch.optim.Muon with one choice added, the precision of its Newton-Schulz iterations.
+    Compared: with ns_dtype=bfloat16, a tall and a wide matrix and their momentum buffers after 3 steps of random
+    gradients against torch.optim.Muon's, bit for bit (the same operations in the same order: it changes nothing where
+    bfloat16 is native); each loads the other's state dict. And common.optim.newton_schulz against the quintic written
+    out here in float64: in float32 within 1e-5 relative (float32's rounding over 5 iterations, measured 1.4e-6), in
+    bfloat16 off by more than 5e-3 (measured 1.1e-2 to 1.4e-2): a float32 request that ran in bfloat16 fails."""
+    torch.manual_seed(0)
+    ours = [nn.Parameter(torch.randn(64, 32)), nn.Parameter(torch.randn(32, 96))]
+    theirs = [nn.Parameter(p.detach().clone()) for p in ours]
+    a = common.Muon(ours, lr=MUON_LR, weight_decay=WEIGHT_DECAY, ns_dtype=torch.bfloat16)
+    b = torch.optim.Muon(theirs, lr=MUON_LR, weight_decay=WEIGHT_DECAY)
+    for _ in range(3):
+        for p, q in zip(ours, theirs, strict=True):
+            p.grad = torch.randn_like(p)
+            q.grad = p.grad.clone()
+        a.step()
+        b.step()
+    assert all(torch.equal(p, q) for p, q in zip(ours, theirs, strict=True))
+    for p, q in zip(ours, theirs, strict=True):
+        assert torch.equal(a.state[p]["momentum_buffer"], b.state[q]["momentum_buffer"])
+    a.load_state_dict(b.state_dict())
+    b.load_state_dict(a.state_dict())
+
+    for shape in ((128, 128), (512, 128), (84, 128)):
+        grad = torch.randn(shape)
+        want = newton_schulz(grad).double()
+        for dtype, low, high in ((torch.float32, 0.0, 1e-5), (torch.bfloat16, 5e-3, 0.05)):
+            got = common.optim.newton_schulz(grad, (3.4445, -4.7750, 2.0315), 5, 1e-7, dtype)
+            error = ((got.double() - want).norm() / want.norm()).item()
+            assert got.dtype == dtype and low <= error < high, f"{shape} in {dtype}: {error:.1e} off"
+
+
+def test_a_cpu_without_native_bfloat16_gets_float32_newton_schulz_and_train_fast_leaves_autocast_off(tmp_path):
+    """On a CPU without bf16 instructions torch emulates bfloat16 matmuls (60x float32's time on an EPYC limited to
+    AVX2), so the scripts pick float32 there. WITHOUT_BF16 limits oneDNN, ATen and MKL to AVX2: what such a CPU runs,
+    on any x86 CPU. train_muon.py: Newton-Schulz in float32, said in one line and in the metrics, and its 3 steps land
+    on the float64 Muon written out above within 1 % of what they moved each matrix (float32's rounding; bfloat16's is
+    9.3 %, as the first test measures). train_fast.py's GPT with its defaults: autocast off (float32 logits), the
+    AMP line saying why, Newton-Schulz in float32. On the test's own CPU, with no limit: each script's choice is
+    bfloat16 where /proc/cpuinfo lists bf16 instructions, else float32."""
+    env = {**os.environ, **WITHOUT_BF16}
+    muon = train(tmp_path / "muon", "src/train_muon.py", *MUON, env=env)
+    assert muon["metrics"]["muon_ns_dtype"] == "float32" and muon["metrics"]["env"]["bf16_native"] is False
+    assert "Muon: Newton-Schulz in torch.float32" in muon["stdout"]
+    expected, _ = written_out()
+    common.seed_everything(0)
+    start = common.build_model("gpt", 84, 32).state_dict()
+    got = weights(muon)
+    for name, value in expected.items():
+        if name.startswith("block") and value.ndim == 2:
+            moved, error = (value - start[name]).norm(), (got[name] - value).norm()
+            assert error <= 0.01 * moved, f"{name}: {error:.3g} off, the steps moved it {moved:.3g}"
+
+    fast = train(tmp_path / "fast", "src/train_fast.py", *MUON, "--max-steps", "1", env=env)
+    assert fast["metrics"]["precision"] == "autocast off, fp32" and fast["metrics"]["muon_ns_dtype"] == "float32"
+    assert fast["metrics"]["epochs"][-1]["logits_dtype"] == "torch.float32"
+    assert "AMP: bfloat16 is emulated here (ONEDNN_MAX_CPU_ISA=AVX2" in fast["stdout"]
+    assert "; autocast off, float32" in fast["stdout"]
+
+    native = "bfloat16" if cpu_has_native_bfloat16() else "float32"
+    plain = run("src/train_muon.py", *SAME, *MUON, "--max-steps", "1", "--metrics-out", tmp_path / "plain.json")
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads((tmp_path / "plain.json").read_text())["muon_ns_dtype"] == native

@@ -18,6 +18,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]
+from cells import cpu_kind  # noqa: E402
+
 RESULTS = REPO / "results"
 PAGES = ["README.md", "docs/*.md", "docs/techniques/*.md"]
 MAIN_FILES = ("table.md", "README.md", "overhead.md", "cost.json")  # what a folder's link opens, the first it has
@@ -86,9 +88,7 @@ def machine(env: dict) -> str:
         return f"{len(gpus)} × {gpus[0]}"
     if "cpu_flags" not in env:
         return "– (its README says)"
-    flags = env["cpu_flags"] or []
-    isa = "AMX" if "amx_tile" in flags else "AVX512-BF16" if "avx512_bf16" in flags else "AVX2 only"
-    return f"{env.get('cpu_count', '?')} cores, {env.get('cpu_model') or 'a CPU'} ({isa})"
+    return f"{env.get('cpu_count', '?')} cores, {env.get('cpu_model') or 'a CPU'} ({cpu_kind(env)})"
 
 
 def date_of(folder: Path, env: dict) -> str:

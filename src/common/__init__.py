@@ -12,9 +12,11 @@ The map: each module, what it owns, and [what it imports from the package]. No m
                 (install_error_hook, which parse_args installs) and the types it reports:
                 BadImage (images raise it), WriteFailed (io raises it)
     io          atomic_write / atomic_write_text, output_problem (a probe write)                     [errors]
-    env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit;  [errors]
+    env         REPO; environment(): versions, cpu_info (bf16 instruction sets), GPUs, git commit;  [device, errors]
                 in_process_group, require_torch
-    device      get_device, precision_label (what an fp32 model really computes in)                 [errors]
+    device      get_device, precision_label (what an fp32 model really computes in),               [errors]
+                native_bfloat16 (bfloat16 in hardware, not emulated), bfloat16_emulated (why not)
+    optim       Muon: torch.optim.Muon, its Newton-Schulz in a dtype of choice; newton_schulz      []
     seeding     seed_everything (and --deterministic), seed_worker (DataLoader workers)             []
     data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), the text's (load_data),    [env, errors,
                 synthetic_data, input_shape                                                         models, target,
@@ -70,6 +72,7 @@ from . import (  # noqa: F401  (the modules, as common.io, common.data ...)
     meter,
     metrics,
     models,
+    optim,
     preemption,
     runstate,
     seeding,
@@ -82,7 +85,7 @@ from .cli import get_image_folder_parser, get_parser, non_negative_int, parse_ar
 from .dali import DALILoader, require_dali
 from .data import input_shape, load_data, synthetic_data
 from .distributed import save_stages, sync_stages
-from .device import get_device, precision_label
+from .device import get_device, native_bfloat16, precision_label
 from .errors import BadImage, die
 from .evaluation import evaluate
 from .gpt import GPT
@@ -91,6 +94,7 @@ from .io import output_problem
 from .meter import Meter, flop_counter, gather_summary
 from .metrics import epoch_line, epoch_record, report
 from .models import TEXT_MODELS, build_model
+from .optim import Muon
 from .preemption import Preemption, init_worker
 from .seeding import seed_everything, seed_worker
 from .text import generate
@@ -103,6 +107,7 @@ __all__ = [
     "IMAGENET_MEAN",
     "IMAGENET_STD",
     "Meter",
+    "Muon",
     "Preemption",
     "TEXT_MODELS",
     "ViT",
@@ -126,6 +131,7 @@ __all__ = [
     "load_part",
     "load_data",
     "load_rgb",
+    "native_bfloat16",
     "non_negative_int",
     "output_problem",
     "parse_args",

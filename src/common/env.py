@@ -12,7 +12,13 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .device import native_bfloat16
+
 REPO = Path(__file__).resolve().parents[2]  # the repository: src/common/env.py -> ../..
+# The variables that keep torch's CPU kernels below what the CPU has: oneDNN's (ONEDNN_MAX_CPU_ISA), ATen's and
+# Inductor's vector code (ATEN_CPU_CAPABILITY) and MKL's (MKL_ENABLE_INSTRUCTIONS). Set to AVX2 together, a CPU with
+# AVX512-BF16 runs what a CPU without bf16 instructions runs; a number measured so is labelled with them.
+ISA_LIMITS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 
 
 def _version(package: str) -> str | None:
@@ -29,11 +35,26 @@ def _run(argv: list[str]) -> str | None:
         return None
 
 
+def limited_inductor_cache() -> str | None:
+    """The Inductor cache folder for a process whose ATEN_CPU_CAPABILITY limits its vector code (e.g. avx2), None
+    without a limit: the default folder with the limit appended (/tmp/torchinductor_USER-avx2). torch 2.15 keys its
+    compiled-graph cache without the vector instruction set, so a graph compiled under the limit and loaded by a run
+    without it crashed that run ("corrupted size vs. prev_size", seen on train_fast.py's GPT), and the other way round
+    an AVX2 measurement would run AVX512 code. The bench and the tests set TORCHINDUCTOR_CACHE_DIR to it."""
+    capability = os.environ.get("ATEN_CPU_CAPABILITY")
+    if not capability:
+        return None
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    return f"{default_cache_dir()}-{capability.lower()}"
+
+
 def cpu_info() -> dict:
     """The CPU model (from /proc/cpuinfo, else `platform.processor()`) and which of the instruction sets that decide
     low-precision speed it has: avx2, avx512f, avx512_bf16 (bf16 dot products), amx_tile / amx_bf16 (Intel AMX).
     `bf16_instructions` is True when either bf16 set is there: bfloat16 autocast then runs natively on the CPU,
-    otherwise it is emulated and slower than float32."""
+    otherwise it is emulated and slower than float32. `bf16_native`: what the scripts go by (common.device's
+    `native_bfloat16`: the instructions, and oneDNN allowed to use them), `isa_limits`: those of ISA_LIMITS set."""
     model, flags = None, set()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -49,6 +70,8 @@ def cpu_info() -> dict:
         "cpu_model": model or platform.processor() or platform.machine(),
         "cpu_flags": [f for f in wanted if f in flags],
         "bf16_instructions": bool({"avx512_bf16", "amx_bf16"} & flags),
+        "bf16_native": native_bfloat16(torch.device("cpu")),
+        "isa_limits": {name: os.environ[name] for name in ISA_LIMITS if os.environ.get(name)},
     }
 
 
