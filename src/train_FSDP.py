@@ -150,10 +150,15 @@ def save_sharded(epochs_done: int) -> None:
     global saved_step, checkpoint_s, saves
     started = time.perf_counter()
     saved_step, folder, saves = step, f"sharded-step{step}", saves + 1
+    for buffer in model.buffers():  # BatchNorm's statistics, unsharded: DCP saves one rank's copy of each, any rank's,
+        dist.broadcast(buffer, src=0)  # so all hold rank 0's, which the evaluation reads (mid-epoch they differ)
     model_state, optimizer_state = get_state_dict(model, optimizer)  # this rank's shards, keyed like train.py's
     shards, path = {"model": model_state, "optimizer": optimizer_state}, args.checkpoint_dir / folder
     full = common.distributed.gather_full_state(model)  # last.pt's whole model, on rank 0 (train.py loads it)
-    dcp.save(shards, checkpoint_id=path)
+    try:  # a full disk, a read-only or vanished folder: DCP gathers every rank's failure and raises it on each
+        dcp.save(shards, checkpoint_id=path)
+    except (Exception, dcp.CheckpointException) as error:  # (DCP's is a BaseException)
+        common.distributed.sharded_save_failed(path, error)  # the half-written folder goes; one line, exit 1
     write_last(full, epochs_done, step, epochs)
     checkpoint_s += time.perf_counter() - started
 

@@ -39,7 +39,7 @@ if device.type == "cpu" and not native_bf16 and amp_dtype != "float16":  # which
     chosen = "bfloat16 as asked, emulated" if amp_dtype == "bfloat16" else "autocast off, float32"
     print(f"AMP: {common.device.bfloat16_emulated(device)}; {chosen}", flush=True)
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
-    print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
+    print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than float32", flush=True)
 if amp_dtype == "bfloat16" and device.type == "cuda" and not native_bf16:
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"

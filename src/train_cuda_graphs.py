@@ -106,7 +106,7 @@ if device.type == "cpu" and not native_bf16 and amp_dtype != "float16":  # which
     chosen = "bfloat16 as asked, emulated" if amp_dtype == "bfloat16" else "autocast off, float32"
     print(f"AMP: {common.device.bfloat16_emulated(device)}; {chosen}", flush=True)
 if amp_dtype == "float16" and device.type == "cpu":  # asked for: GradScaler's lesson runs, at emulated speed
-    print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than bfloat16", flush=True)
+    print("AMP: float16 on a CPU is emulated unless it has AVX512-FP16 / AMX-FP16: slower than float32", flush=True)
 if amp_dtype == "bfloat16" and device.type == "cuda" and not native_bf16:
     print("AMP: this GPU has no native bfloat16 (compute capability 8.0+; older ones emulate it): float16", flush=True)
     amp_dtype = "float16"
@@ -226,7 +226,7 @@ fused = "fused-adamw" not in args.without  # new #
 # new # begin: the blocks' 2-D weights to Muon (momentum, then an orthogonalized update); the rest to fused AdamW
 matrices = [p for block in model.blocks for p in block.parameters() if p.ndim == 2] if use_muon else []
 in_muon = {id(p) for p in matrices}
-ns_dtype = torch.bfloat16 if common.native_bfloat16(device) else torch.float32  # train_muon.py's: what runs natively
+ns_dtype = torch.bfloat16 if native_bf16 else torch.float32  # train_muon.py's: what this device runs natively
 muon = (
     common.Muon(matrices, lr=args.muon_lr, momentum=0.95, nesterov=True, weight_decay=5e-4, ns_dtype=ns_dtype)
     if use_muon

@@ -1,5 +1,6 @@
 """Shared helpers: run a project script as a real subprocess, find the real Fashion-MNIST files, skip GPU tests."""
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -146,6 +147,13 @@ def fmnist_dir() -> Path:
         return common.data.find_fashion_mnist(download=False)
     except common.data.DataNotFound as error:
         pytest.fail(f"the test set-up should have installed Fashion-MNIST: {error}")
+
+
+def vouch_for(checkpoint: Path) -> None:
+    """Write the sha256 of `checkpoint` beside it (`sha256sum` format), as the save would have: a test that changes a
+    checkpoint on purpose vouches for the change, so that the check it tests (after the digest's) is reached."""
+    digest = hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest()
+    common.checkpoint.digest_path(checkpoint).write_text(f"{digest}  {Path(checkpoint).name}\n")
 
 
 def cpu_has_native_bfloat16() -> bool:

@@ -36,6 +36,7 @@ GPT = "tests/test_gpt.py::"
 MUON = "tests/test_muon.py::test_muon_takes_the_block_matrices_and_three_steps_match_muon_written_out"
 MUON_FAST = "tests/test_muon.py::test_train_fast_s_gpt_takes_train_muon_s_optimizers_and_steps"
 NATIVE = "tests/test_muon.py::test_a_cpu_without_native_bfloat16_gets_float32_newton_schulz_and_train_fast_leaves_autocast_off"
+CKDIR = "tests/test_checkpoint_dir.py::"
 NS = "tests/test_muon.py::test_common_muon_in_bfloat16_is_torch_s_bit_for_bit_and_in_float32_is_newton_schulz_written_out"
 VARLEN = "test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
@@ -376,14 +377,34 @@ MUTATIONS = [
     ("train_fast.py", "bfloat16 autocast by default on a CPU that would emulate it", "src/train_fast.py",
      '"bfloat16" if native_bf16 else "float32")', '"bfloat16")', NATIVE),
     ("train_fast.py", "Muon's Newton-Schulz in bfloat16 on a CPU that would emulate it", "src/train_fast.py",
-     "ns_dtype = torch.bfloat16 if common.native_bfloat16(device) else torch.float32",
-     "ns_dtype = torch.bfloat16", NATIVE),
+     "ns_dtype = torch.bfloat16 if native_bf16 else torch.float32", "ns_dtype = torch.bfloat16", NATIVE),
+    ("train_amp.py", "bfloat16 autocast by default on a CPU that would emulate it (the ladder's first rung)",
+     "src/train_amp.py", '"bfloat16" if native_bf16 else "float32")', '"bfloat16")', NATIVE),
+    ("train_muon.py", "native bfloat16 read from oneDNN's check alone (an AVX512 CPU without BF16, Cascade Lake: "
+     "emulated bfloat16 taken for native)", "src/common/device.py",
+     "return onednn and instructions and any(word in _isa_limit() for word in _BF16_ISA_WORDS)", "return onednn",
+     "tests/test_muon.py::test_native_bfloat16_is_onednn_s_check_and_the_instructions_and_no_limit_below_them"),
     ("train_muon.py", "native bfloat16 read from the CPU's flags alone (oneDNN's limit, torch's own test, ignored)",
      "src/common/device.py",
-     "return onednn and instructions and any(word in limit for word in _BF16_ISA_WORDS)", "return instructions",
+     "return onednn and instructions and any(word in _isa_limit() for word in _BF16_ISA_WORDS)", "return instructions",
      NATIVE),
     ("train_muon.py", "Newton-Schulz cast to bfloat16 whatever dtype it was given", "src/common/optim.py",
      "x = update.to(dtype=dtype, copy=True)", "x = update.to(dtype=torch.bfloat16, copy=True)", NS),
+    ("checkpoints", "the folder's lock never taken (two runs write one --checkpoint-dir)", "src/common/cli.py",
+     '    if os.environ.get("RANK", "0") == "0":\n        lock_checkpoint_dir(folder)\n', "",
+     CKDIR + "test_a_second_run_on_the_folder_is_refused_naming_the_first_and_a_killed_run_s_lock_is_taken_over"),
+    ("checkpoints", "--resume with nothing to resume from starts over (the elastic exception for every run)",
+     "src/common/cli.py", 'if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) == 0:', "if False:",
+     CKDIR + "test_resume_with_nothing_to_resume_from_is_refused_and_deletes_nothing"),
+    ("checkpoints", "a missing digest lets any checkpoint load unchecked (deleting last.pt.sha256 switches the check "
+     "off)", "src/common/checkpoint.py", 'if state["format"] == 4 and "sharded_sha256" not in state:', "if True:",
+     CKDIR + "test_a_checkpoint_without_its_digest_is_refused_unless_its_format_may_predate_the_digests"),
+    ("train_FSDP.py", "BatchNorm's statistics saved as each rank holds them in mid-epoch (DCP takes some from rank 1)",
+     "src/train_FSDP.py", "        dist.broadcast(buffer, src=0)  # so all hold rank 0's", "        pass  #",
+     CKDIR + "test_fsdp_resumes_a_batchnorm_model_bit_for_bit_after_a_sigterm_in_mid_epoch[src/train_FSDP.py]"),
+    ("train_FSDP.py", "a sharded save that failed leaves its half-written folder", "src/common/distributed.py",
+     "        shutil.rmtree(folder, ignore_errors=True)\n", "",
+     CKDIR + "test_a_full_disk_in_a_sharded_save_is_one_line_and_the_last_good_checkpoint_resumes[src/train_FSDP.py]"),
 ]  # fmt: skip
 
 

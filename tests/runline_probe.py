@@ -7,7 +7,8 @@ unchanged (runpy, as `__main__`) with `sys.argv = [script, *args]` until its com
 then stops it: for src/ scripts after `common.parse_args` (argparse, then the checks of flags that only make sense
 together and of the outputs), for the bench's scripts after argparse. An unknown flag, a value outside a flag's choices
 or of the wrong type, or a combination the script refuses fails as it would for a user (exit 2 and the one line), and
-nothing else of the script runs. Checks a script makes later, after common.parse_args, are not reached. Prints one line per failing run
+nothing else of the script runs. Checks a script makes later, after common.parse_args, are not reached. A --resume line
+finds a last.pt in its --checkpoint-dir (it follows a run that saved there). Prints one line per failing run
 line, `where: script args: the error`, and exits 1 if there is any.
 """
 
@@ -58,6 +59,15 @@ failures = []
 for where, script, args in json.loads(Path(sys.argv[1]).read_text()):
     sys.argv = [str(REPO / script), *args]
     err = io.StringIO()
+    # a --resume line follows a run that saved in its --checkpoint-dir: a last.pt is there (never read: the probe stops
+    # at the parse), and goes after the line
+    folder = Path(args[args.index("--checkpoint-dir") + 1]) if "--checkpoint-dir" in args[:-1] else None
+    saved = folder / "last.pt" if folder is not None and "--resume" in args else None
+    if saved is not None and not saved.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        saved.touch()
+    else:
+        saved = None
     try:
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             runpy.run_path(str(REPO / script), run_name="__main__")
@@ -68,6 +78,9 @@ for where, script, args in json.loads(Path(sys.argv[1]).read_text()):
         if stop.code not in (0, None):  # --help exits 0
             message = err.getvalue().strip().splitlines()
             failures.append(f"{where}: {script} {' '.join(args)}: {message[-1] if message else stop.code}")
+    finally:
+        if saved is not None:
+            saved.unlink(missing_ok=True)
 for line in failures:
     print(line)
 sys.exit(1 if failures else 0)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import assert_loads_into_train_py, assert_one_line_error, run, torchrun
+from conftest import assert_loads_into_train_py, assert_one_line_error, run, torchrun, vouch_for
 from PIL import Image
 
 import common
@@ -1157,6 +1157,7 @@ def test_pipeline_damaged_resume_is_one_line(split, tmp_path):
     state = torch.load(split("train_pipeline.py", *RESUMED[1][1:])["checkpoint"], weights_only=True)
     state["stage_optimizers"].reverse()
     torch.save(state, tmp_path / "last.pt")
+    vouch_for(tmp_path / "last.pt")  # its digest: what is tested is the refusal after the digest's check
     before = (tmp_path / "last.pt").read_bytes()
     argv = ["src/train_pipeline.py", *SAME, *SPLIT, *RESUMED[1][1:], "--checkpoint-dir", tmp_path, "--resume"]
     proc = torchrun("--standalone", "--nproc-per-node", 2, *argv, timeout=300)

@@ -10,11 +10,14 @@ train.py. One step cannot tell momentum from none (the first update is the ortho
 three: the second and third show the momentum, the schedule's second and third rates, and the Nesterov term.
 """
 
+import copy
 import json
 import math
 import os
+import platform
 import signal
 
+import pytest
 import torch
 import torch.nn as nn
 from conftest import WITHOUT_BF16, cpu_has_native_bfloat16, run
@@ -208,6 +211,8 @@ def test_common_muon_in_bfloat16_is_torch_s_bit_for_bit_and_in_float32_is_newton
         assert torch.equal(a.state[p]["momentum_buffer"], b.state[q]["momentum_buffer"])
     a.load_state_dict(b.state_dict())
     b.load_state_dict(a.state_dict())
+    copied = copy.deepcopy(a)  # torch's Optimizer pickles defaults, state and groups only: the dtype must go too
+    assert copied.ns_dtype == torch.bfloat16 and copied.step() is None
 
     for shape in ((128, 128), (512, 128), (84, 128)):
         grad = torch.randn(shape)
@@ -218,6 +223,41 @@ def test_common_muon_in_bfloat16_is_torch_s_bit_for_bit_and_in_float32_is_newton
             assert got.dtype == dtype and low <= error < high, f"{shape} in {dtype}: {error:.1e} off"
 
 
+@pytest.mark.parametrize(
+    "onednn, avx512_bf16, amx, limit, native",
+    [
+        (True, True, False, None, True),  # Zen 4, Cooper Lake: AVX512-BF16
+        (True, False, True, None, True),  # Sapphire Rapids: AMX
+        (True, False, False, None, False),  # Cascade Lake, Ice Lake: AVX512 without BF16 (oneDNN converts: slower)
+        (False, False, False, None, False),  # AVX2 only: torch's scalar loop
+        (True, True, False, "AVX2", False),  # kept below its bf16 instructions
+        (True, True, False, "AVX512_CORE", False),
+        (True, True, False, "avx512_core_bf16", True),
+        (True, True, False, "AVX512_CORE_FP16", True),  # oneDNN's name for AVX10.1, which has them
+    ],
+)
+def test_native_bfloat16_is_onednn_s_check_and_the_instructions_and_no_limit_below_them(
+    onednn, avx512_bf16, amx, limit, native, monkeypatch
+):
+    """common.native_bfloat16 on an x86 CPU, over the kinds of CPU torch's own queries tell apart (each query set to
+    what that CPU answers): native only where torch hands a bfloat16 matmul to oneDNN, the CPU has bf16 dot products
+    (AVX512-BF16 or AMX), and ONEDNN_MAX_CPU_ISA does not keep oneDNN below them. Either of the first two alone is
+    not enough: an AVX512 CPU without BF16 passes oneDNN's check and converts to float32, slower than float32."""
+    monkeypatch.setattr(common.device.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: onednn)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    if limit is None:
+        monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    else:
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", limit)
+    assert common.native_bfloat16(torch.device("cpu")) is native
+    if not native:
+        assert "emulated" in common.device.bfloat16_emulated(torch.device("cpu"))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="ONEDNN_MAX_CPU_ISA=AVX2 names an x86 instruction set")
 def test_a_cpu_without_native_bfloat16_gets_float32_newton_schulz_and_train_fast_leaves_autocast_off(tmp_path):
     """On a CPU without bf16 instructions torch emulates bfloat16 matmuls (60x float32's time on an EPYC limited to
     AVX2), so the scripts pick float32 there. WITHOUT_BF16 limits oneDNN, ATen and MKL to AVX2: what such a CPU runs,
@@ -244,6 +284,9 @@ def test_a_cpu_without_native_bfloat16_gets_float32_newton_schulz_and_train_fast
     assert fast["metrics"]["epochs"][-1]["logits_dtype"] == "torch.float32"
     assert "AMP: bfloat16 is emulated here (ONEDNN_MAX_CPU_ISA=AVX2" in fast["stdout"]
     assert "; autocast off, float32" in fast["stdout"]
+    amp = train(tmp_path / "amp", "src/train_amp.py", "--model", "cnn", "--subset", "64", "--batch-size", "32",
+                "--max-steps", "1", "--test-subset", "64", env=env)  # fmt: skip  # the ladder's first rung: the same
+    assert amp["metrics"]["precision"] == "autocast off, fp32" and "; autocast off, float32" in amp["stdout"]
 
     native = "bfloat16" if cpu_has_native_bfloat16() else "float32"
     plain = run("src/train_muon.py", *SAME, *MUON, "--max-steps", "1", "--metrics-out", tmp_path / "plain.json")

@@ -228,6 +228,7 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_previous_one_and_the_run_s_nu
         fill(size)
         (disk / "ck").mkdir()
         shutil.copy(first / "last.pt", disk / "ck" / "last.pt")
+        shutil.copy(first / "last.pt.sha256", disk / "ck" / "last.pt.sha256")
         top_up(disk, leave=size // 2)
         before = (disk / "ck" / "last.pt").read_bytes()
         metrics = tmp_path / "m.json"
@@ -237,7 +238,7 @@ def test_a_checkpoint_that_does_not_fit_leaves_the_previous_one_and_the_run_s_nu
         line = one_error_line(proc, "train.py", disk / "ck" / "last.pt")
         assert "the previous checkpoint is left as it was" in line
         assert (disk / "ck" / "last.pt").read_bytes() == before
-        assert sorted(p.name for p in (disk / "ck").iterdir()) == ["last.pt"]
+        assert sorted(p.name for p in (disk / "ck").iterdir()) == ["last.pt", "last.pt.sha256"]
     record = json.loads(metrics.read_text())
     assert record["status"] == "checkpoint not written" and record["epochs"][-1]["epoch"] == 2
     assert record["failed_writes"] == [line.removeprefix("train.py: error: ").split("; ")[0]]

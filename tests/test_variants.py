@@ -99,7 +99,8 @@ def test_ddp_checkpoint_loads_into_train_py_and_resume_refuses_another_world_siz
     out, _, _ = ddp
     state = assert_loads_into_train_py(out / "ckpt" / "last.pt")
     assert state["made_by"]["world_size"] == 2 and state["made_by"]["script"] == "train_DDP.py"
-    shutil.copy(out / "ckpt" / "last.pt", tmp_path / "last.pt")
+    for name in ("last.pt", "last.pt.sha256"):  # the checkpoint and its digest, as a copy of the folder has them
+        shutil.copy(out / "ckpt" / name, tmp_path / name)
     proc = torchrun(
         "--standalone", "--nproc-per-node", "1", "src/train_DDP.py", *QUICK, "--subset", "2048", "--epochs", "2",
         "--batch-size", "128", "--checkpoint-dir", tmp_path, "--resume",

@@ -40,17 +40,17 @@ The map: each module, what it owns, and [what it imports from the package]. No m
                                                                                                      errors, gpt, io,
                                                                                                      meter, runstate,
                                                                                                      target]
-    checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished       [env, errors, io,
-                                                                                                     models, runstate]
-    preemption  Preemption: SIGTERM stops every rank at one step boundary; init_worker, the         [env, runstate,
-                DataLoader workers' (seeded, SIGTERM from others ignored)                            seeding]
+    checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished,      [env, errors, io,
+                lock_checkpoint_dir (one run owns a folder)                                          models, runstate]
+    preemption  Preemption: SIGTERM stops every rank at one step boundary; init_worker, the         [env, errors,
+                DataLoader workers' (seeded, SIGTERM from others ignored)                            runstate, seeding]
     distributed setup (train_DDP.py's torchrun set-up, for the scripts that do not teach it),
                 save_full_state / load_full_state (a sharded model's whole state in last.pt),
                 sync_stages / save_stages (a pipeline's), sum_over_ranks (a tensor summed over the   [checkpoint, env,
-                ranks)                                                                               errors]
-    cli         the shared flags (get_parser, get_image_folder_parser), parse_args (the checks made [data, env, errors,
-                before any work, each model's defaults)                                              io, models,
-                                                                                                     target]
+                ranks), sharded_save_failed (a DCP save that raised: one line, exit 1)               errors, runstate]
+    cli         the shared flags (get_parser, get_image_folder_parser), parse_args (the checks made [checkpoint, data,
+                before any work, each model's defaults; check_checkpoint_dir: the folder's lock,    env, errors, io,
+                --resume with something to resume)                                                  models, target]
 
 The bench and the tests reach the rest through the module that owns it, e.g. `common.io.atomic_write_text` or
 `common.data.find_fashion_mnist`.

@@ -4,10 +4,15 @@ refused in one line."""
 from __future__ import annotations
 
 import argparse
+import atexit
+import fcntl
 import hashlib
 import os
 import re
+import shlex
+import socket
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -16,14 +21,16 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from .env import in_process_group
-from .errors import die, first_line
+from .errors import die, first_line, one_line
 from .models import TEXT_MODELS
 from .io import WriteFailed, atomic_write, atomic_write_text
 from .runstate import RUN
 
 # 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders; 3: + subset, seed,
-# accumulation steps in made_by; 4: + epochs, max steps, peak learning rate
-CHECKPOINT_FORMAT = 4
+# accumulation steps in made_by; 4: + epochs, max steps, peak learning rate (and, from 2026-11-28 on, the digest
+# beside the file); 5: the same contents, and the digest always: one missing is refused as a changed file is
+CHECKPOINT_FORMAT = 5
+READABLE_FORMATS = (4, 5)  # 4's files load too: their contents are 5's; without a digest, with a line saying so
 # What a checkpoint must share with the run that resumes it: what fixes the model, the optimizer, which samples an
 # epoch's steps take in which order (a mid-epoch resume skips the done steps' samples, so --subset, --seed and
 # --accum-steps must not change), and the one-cycle schedule (--epochs and --max-steps fix its length, --lr its peak:
@@ -249,6 +256,77 @@ def _alive(pid: int) -> bool:
     return True
 
 
+# -- the lock: one run owns its --checkpoint-dir ------------------------------------------------------------------
+# Two runs on one folder (a command line repeated from the shell's history) would overwrite each other's last.pt and
+# digests. The folder's lock file holds a POSIX record lock (fcntl.lockf) for the whole run: the kernel drops it when
+# the process ends, however it ends (SIGKILL included), so a lock whose run is gone is free; and, unlike flock, a
+# forked child (a DataLoader worker) does not inherit it, so a worker left behind for a moment cannot keep it. The
+# file's text names the run that holds it (PID, host, start, command) for the refusal's line. A run that ends cleanly
+# removes the file, so a file found with a free lock is a killed run's: taken over, and said.
+LOCK_FILE = ".lock"
+_HELD: dict = {}  # this process's lock file, kept open while it runs (closing it would drop the lock)
+
+
+def lock_checkpoint_dir(folder: Path) -> None:
+    """Take `folder`'s lock (`folder/.lock`) for the rest of this process, or exit with one line (exit 2) that names
+    the run holding it: its PID, host, start and command. Where the lock is free but its file names a run (killed
+    before it could remove it), it is taken over with one line on stdout naming that run. Call it once per run, in
+    the process that writes last.pt (rank 0 under torchrun; the other ranks stand behind it). The lock lasts until the
+    process ends; at a normal exit its file is removed. Exits with one line when the lock file cannot be opened."""
+    folder = Path(folder)
+    path = folder / LOCK_FILE
+    while True:
+        try:
+            f = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+", encoding="utf-8", errors="replace")
+        except OSError as error:
+            die(f"--checkpoint-dir {folder}: its lock file {LOCK_FILE} cannot be opened ({error.strerror or error})")
+        try:
+            fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # EAGAIN / EACCES: another process holds it
+            f.seek(0)
+            holder = one_line(f.read(1000).strip()) or "a run that has not written its name yet"
+            f.close()
+            die(
+                f"--checkpoint-dir {folder} is in use by another run ({holder}): one run writes a folder's "
+                "checkpoints; wait for it to end, stop it, or pick another --checkpoint-dir"
+            )
+        try:  # the file this lock is on is still the folder's (a run ending now removes it): else lock the new one
+            if os.stat(path).st_ino == os.fstat(f.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        f.close()
+    f.seek(0)
+    previous = one_line(f.read(1000).strip())
+    if previous:
+        print(one_line(f"--checkpoint-dir {folder}: took over the lock of a run that is gone ({previous})"), flush=True)
+    started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+    try:  # the holder's name, for a refusal's line; the lock holds without it (a full disk)
+        f.seek(0)
+        f.truncate()
+        holder = f"PID {os.getpid()} on {socket.gethostname()}, since {started}: {shlex.join(sys.argv)}"
+        f.write(one_line(holder) + "\n")
+        f.flush()
+    except OSError:
+        pass
+    _HELD.update(file=f, path=path, pid=os.getpid())
+    atexit.register(_release_lock)
+
+
+def _release_lock() -> None:
+    """atexit: remove the lock file of the run that holds it, then drop the lock (not in a forked child, which never
+    held it)."""
+    f = _HELD.get("file")
+    if f is None or _HELD.get("pid") != os.getpid():
+        return
+    try:
+        _HELD["path"].unlink(missing_ok=True)  # while locked: a run that opened it meanwhile finds it gone, retries
+        f.close()
+    except (OSError, ValueError):
+        pass
+    _HELD.clear()
+
+
 def _shown(value) -> str:
     """A made_by value in a message: lists joined by commas, empty ones and None as "none"; one line of at most 160
     characters (a damaged file's value may be anything, a tensor's repr of many lines)."""
@@ -359,8 +437,10 @@ def save_checkpoint(
                 pass
         RUN["failed_writes"].append(str(error))
         print(
-            f"{Path(sys.argv[0]).name}: error: {error}; the previous checkpoint is left as it was, training goes on "
-            "and the run will exit 1",
+            one_line(
+                f"{Path(sys.argv[0]).name}: error: {error}; the previous checkpoint is left as it was, training goes "
+                "on and the run will exit 1"
+            ),
             file=sys.stderr,
             flush=True,
         )
@@ -400,8 +480,9 @@ def load_checkpoint(
     the records, or a caller that keeps none), so that a script can always read `state["epochs"]`.
 
     Checks before loading anything: the file's sha256 against the list saved beside it (`digest_path`; a file changed
-    after it was written is refused in one line naming it; a file saved before the digests, without the list, loads
-    with one line on stdout saying it could not be checked), the format version, then that the file was made by a
+    after it was written is refused in one line naming it), the format version (READABLE_FORMATS), that a file
+    without its list is one that may predate the digests (format 4, no DCP folder's digests in it: it loads with one
+    line on stdout saying it could not be checked; any other is refused like a changed file), then that it was made by a
     run like this one (every CHECKPOINT_MATCH key of `checkpoint_origin`: same script, model, data, subset, seed,
     world size, batch per process, accumulation steps, optimizer and extra state, schedule, stage cut), so a resume
     never trains from a partially loaded or silently different state, nor skips other samples than the ones its
@@ -425,21 +506,29 @@ def load_checkpoint(
         with open(path, "rb") as f:
             if listed is not None and _sha256_of(f) not in [digest for digest, _ in listed]:
                 _refuse_changed(path, f"saved beside it in {listing.name}")
-            if listed is None:
-                print(f"{path} has no {listing.name} beside it (saved before checkpoints carried a digest): its bytes "
-                      "could not be checked", flush=True)  # fmt: skip
             f.seek(0)
             with warnings.catch_warnings():  # ("Detected pickle protocol 122": lines beside the one line)
                 warnings.simplefilter("ignore")
                 state = torch.load(f, map_location=device, weights_only=True)
     except Exception as error:  # any bytes: torch.load raises IndexError, KeyError ... as well as its own errors
         die(f"--resume: {path} is not a readable checkpoint ({first_line(error)}); use a new --checkpoint-dir")
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+    if not isinstance(state, dict) or state.get("format") not in READABLE_FORMATS:
         found = _shown(state.get("format", "none")) if isinstance(state, dict) else "not a checkpoint dict"
         die(
-            f"--resume: {path} has checkpoint format {found}, this code reads format {CHECKPOINT_FORMAT}; "
-            "use a new --checkpoint-dir"
+            f"--resume: {path} has checkpoint format {found}, this code reads formats "
+            f"{', '.join(map(str, READABLE_FORMATS))}; use a new --checkpoint-dir"
         )
+    if listed is None:  # no digest: only a file of format 4 without a DCP folder's may predate the digests
+        if state["format"] == 4 and "sharded_sha256" not in state:
+            print(f"{path} has no {listing.name} beside it: a checkpoint of format 4 (written before 2026-11-29) may "
+                  "predate the digests, so it loads, its bytes unchecked", flush=True)  # fmt: skip
+        else:
+            why = "it names its shards' digests" if "sharded_sha256" in state else f"format {state['format']}"
+            die(
+                f"--resume: {path} has no {listing.name} beside it, and a checkpoint such as this one ({why}) is "
+                "always saved with one: refused, as a changed file is; restore the pair from the original copy, or "
+                "use a new --checkpoint-dir"
+            )
     holders = {name: holder for name, holder in holders.items() if holder is not None}  # (train_fast.py's cnn: no Muon)
     saved = state.get("made_by") if isinstance(state.get("made_by"), dict) else {}
     here = checkpoint_origin(args, optimizer, **holders)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import sys
 from pathlib import Path
 
+from .checkpoint import lock_checkpoint_dir
 from .data import DEBIAN_FASHION_MNIST
 from .env import REPO
-from .errors import die, install_error_hook
+from .errors import die, install_error_hook, one_line
 from . import target
 from .io import output_problem
 from .models import DEFAULTS, MODELS, SCHEDULE_DEFAULTS, TEXT_MODELS, vit_patch_size
@@ -281,6 +283,31 @@ def _training_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir/last.pt if it exists")
 
 
+def check_checkpoint_dir(folder: Path, resume: bool) -> None:
+    """What a run may do with its --checkpoint-dir, decided before any work. One run owns it: the process that will
+    write last.pt (rank 0 under torchrun, by RANK) takes its lock (`checkpoint.lock_checkpoint_dir`: a second run is
+    refused in one line naming the first). A folder that holds last.pt needs --resume (a new run would overwrite the
+    earlier one's checkpoint); --resume needs a last.pt (without it the run would start over, and a sharded script's
+    first save would delete the folders already there), except under torchrun with restarts (--max-restarts > 0),
+    where one command line starts the job and resumes it: there an empty folder starts fresh, said in one line."""
+    if os.environ.get("RANK", "0") == "0":
+        lock_checkpoint_dir(folder)
+    has_checkpoint = (folder / "last.pt").exists()
+    if has_checkpoint and not resume:
+        die(
+            f"--checkpoint-dir {folder} already holds last.pt from an earlier run: add --resume to continue it, or "
+            "pick another folder (this run would overwrite it)"
+        )
+    if resume and not has_checkpoint:
+        if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS") or 0) == 0:
+            die(
+                f"--resume: {folder} holds no last.pt to resume from; leave --resume out to start a new run there, or "
+                "name the folder that holds the run's last.pt"
+            )
+        if os.environ.get("RANK", "0") == "0":
+            print(one_line(f"--resume: no last.pt in {folder} yet: torchrun's attempt starts the run"), flush=True)
+
+
 def parse_args(parser: argparse.ArgumentParser, recipe: dict[str, dict] | None = None) -> argparse.Namespace:
     """Parse the command line, check the flags that only make sense together (argparse: usage and exit 2) and the
     outputs (`output_problem`: one line, exit 2), all before any work, and install the one-line error hook
@@ -332,10 +359,7 @@ def parse_args(parser: argparse.ArgumentParser, recipe: dict[str, dict] | None =
         problem = output_problem(path, is_folder) if path is not None else None
         if problem:
             die(f"{flag} {path} {problem}")
-    if args.checkpoint_dir is not None and not args.resume and (args.checkpoint_dir / "last.pt").exists():
-        die(
-            f"--checkpoint-dir {args.checkpoint_dir} already holds last.pt from an earlier run: add --resume to "
-            "continue it, or pick another folder (this run would overwrite it)"
-        )
     target.configure(args)  # --target-loss: the probe (common/target.py), or one line and exit
+    if args.checkpoint_dir is not None:  # the folder's lock, and --resume with something to resume
+        check_checkpoint_dir(args.checkpoint_dir, args.resume)
     return args

@@ -53,7 +53,13 @@ def precision_label(device: torch.device) -> str:
 
 # oneDNN's names for the instruction sets up to which ONEDNN_MAX_CPU_ISA lets it go that include bfloat16 dot products
 # (AVX512_CORE_BF16, the AMX and AVX10 ones) or leave the limit off (ALL, DEFAULT); any other name stops below them
-_BF16_ISA_WORDS = ("BF16", "AMX", "AVX10", "ALL", "DEFAULT")
+_BF16_ISA_WORDS = ("BF16", "FP16", "AMX", "AVX10", "ALL", "DEFAULT")
+
+
+def _isa_limit() -> str:
+    """oneDNN's instruction-set limit as set in the environment (ONEDNN_MAX_CPU_ISA, or its older name
+    DNNL_MAX_CPU_ISA), upper case; "ALL" when neither is set."""
+    return (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "ALL").upper()
 
 
 def native_bfloat16(device: torch.device) -> bool:
@@ -64,21 +70,21 @@ def native_bfloat16(device: torch.device) -> bool:
     scalar loop: about 60x slower than float32, measured on an EPYC limited to AVX2), and oneDNN runs it on bfloat16
     dot-product instructions only with AVX512-BF16 or AMX (an AVX512 CPU without them converts to float32: about 1.2x
     slower than float32); both must hold, and `ONEDNN_MAX_CPU_ISA` below AVX512_CORE_BF16 (e.g. AVX2) switches them
-    off, which is how a CPU without them can be tried on one that has them. Other CPUs (aarch64): oneDNN's own check,
-    which asks for the BF16 extension. Any other device: False."""
+    off, which is how a CPU without them can be tried on one that has them (so does `torch.backends.mkldnn.enabled =
+    False`). Other CPUs (aarch64): oneDNN's own check, which asks for the BF16 extension (Graviton 3, Apple M2 and
+    newer; not measured here). Any other device: False."""
     if device.type == "cuda":
         return torch.cuda.is_bf16_supported(including_emulation=False)
     if device.type != "cpu":
         return False
     try:
-        onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+        onednn = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()) and torch.backends.mkldnn.enabled
     except (AttributeError, RuntimeError):  # a torch built without oneDNN
         return False
     if platform.machine().lower() not in ("x86_64", "amd64"):
         return onednn
-    limit = os.environ.get("ONEDNN_MAX_CPU_ISA", "ALL").upper()
     instructions = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-    return onednn and instructions and any(word in limit for word in _BF16_ISA_WORDS)
+    return onednn and instructions and any(word in _isa_limit() for word in _BF16_ISA_WORDS)
 
 
 def bfloat16_emulated(device: torch.device) -> str:
@@ -86,7 +92,9 @@ def bfloat16_emulated(device: torch.device) -> str:
     False): the oneDNN limit when one is set, else the instructions the CPU lacks, else the GPU's generation."""
     if device.type == "cuda":
         return "this GPU has no native bfloat16 (compute capability 8.0+)"
-    limit = os.environ.get("ONEDNN_MAX_CPU_ISA")
-    if limit and not any(word in limit.upper() for word in _BF16_ISA_WORDS):
+    limit = _isa_limit()
+    if not any(word in limit for word in _BF16_ISA_WORDS):
         return f"bfloat16 is emulated here (ONEDNN_MAX_CPU_ISA={limit} keeps oneDNN below AVX512-BF16)"
+    if not torch.backends.mkldnn.enabled:
+        return "bfloat16 is emulated here (torch.backends.mkldnn.enabled is False)"
     return "this CPU has no bfloat16 instructions (AVX512-BF16 or AMX): bfloat16 is emulated, slower than float32"

@@ -6,6 +6,7 @@ it is that lesson; FSDP's sharded save (torch.distributed.checkpoint) stays in t
 import argparse
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 
@@ -14,7 +15,8 @@ import torch.distributed as dist
 
 from .checkpoint import save_checkpoint
 from .env import in_process_group, require_torch
-from .errors import die
+from .errors import die, first_line, one_line
+from .runstate import RUN
 
 
 def setup(device: torch.device, nproc: int = 2, min_world_size: int = 1) -> tuple[torch.device, int, int]:
@@ -109,6 +111,49 @@ def write_full_state(
         return False
     state = dict(gathered)
     return save_checkpoint(checkpoint, args, state.pop("model"), None, epochs_done, step, epochs, **state, **extra)
+
+
+def _root_cause(error: BaseException, folder: Path) -> str:
+    """What a failed sharded save says in one line. DCP gathers each rank's exception (CheckpointException.failures:
+    rank -> (the exception, its traceback)): the first rank's; its OS error (strerror) where its chain holds one (a
+    read-only or vanished folder); torch's zip writer reports a full disk as a RuntimeError ("unexpected pos 704 vs
+    598"), so where the chain holds no OS error and the folder's filesystem has less than 1 MiB free, that is said."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        first = next(iter(failures.values()))
+        error = first[0] if isinstance(first, tuple) and isinstance(first[0], BaseException) else error
+    seen, cause = set(), error
+    while cause is not None and id(cause) not in seen:  # an OSError anywhere in the chain names the real reason
+        if isinstance(cause, OSError) and cause.strerror:
+            return cause.strerror
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    try:
+        free = shutil.disk_usage(next(p for p in (folder, *folder.parents) if p.exists())).free
+    except OSError:
+        free = None
+    if free is not None and free < 1 << 20:
+        return f"No space left on device: {free // 1024} KiB free; the writer said: {first_line(error)}"
+    return first_line(error)
+
+
+def sharded_save_failed(folder: Path, error: BaseException) -> None:
+    """After a sharded save (dcp.save, or async_save's future) raised on every rank: DCP gathers each rank's failure
+    (a full disk, a read-only or vanished folder) and raises it on all, so every rank calls this. Rank 0 removes the
+    half-written `folder` (no last.pt names it: last.pt is written only after a save that finished) and prints one
+    line on stderr: the folder, the error, and the checkpoint kept (the last one written, which --resume continues
+    from; or none); every rank leaves the process group and exits 1. Never returns."""
+    master = not in_process_group() or dist.get_rank() == 0
+    if master:
+        reason = _root_cause(error, Path(folder))  # (before the folder goes: its disk's free space)
+        shutil.rmtree(folder, ignore_errors=True)
+        saved = RUN["saved"]
+        kept = f"{saved[0]} (step {saved[1]}) is kept: --resume continues from it" if saved else "none was saved before"
+        message = f"cannot write {folder} ({reason}); the half-written folder is removed, {kept}"
+        print(one_line(f"{Path(sys.argv[0]).name}: error: {message}; training stopped"), file=sys.stderr, flush=True)
+    if in_process_group():
+        dist.destroy_process_group()
+    raise SystemExit(1)
 
 
 def load_full_state(state: dict, model: torch.nn.Module, optimizer, lr: float, total_steps: int) -> None:

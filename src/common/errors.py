@@ -33,9 +33,16 @@ def first_line(error: BaseException) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:160]
 
 
+def one_line(text: str) -> str:
+    """`text` on one line whatever it holds: every line break and other control character (a path may hold a newline)
+    written as Python writes it in a string literal (\\n, \\r, \\x1b), everything else as it is."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
 def die(message: str, code: int = 2) -> None:
-    """Print `message` as one line on stderr, prefixed with the script name, and exit with `code` (no traceback)."""
-    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr, flush=True)
+    """Print `message` as one line on stderr (`one_line`: a path with a newline in it stays on it), prefixed with the
+    script name, and exit with `code` (no traceback)."""
+    print(f"{Path(sys.argv[0]).name}: error: {one_line(message)}", file=sys.stderr, flush=True)
     raise SystemExit(code)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 from torch.optim._muon import _adjust_lr
+from torch.optim.optimizer import _to_scalar
 
 
 def newton_schulz(
@@ -18,6 +19,8 @@ def newton_schulz(
     Raises ValueError for a tensor that is not 2-D."""
     if update.ndim != 2:
         raise ValueError(f"Newton-Schulz orthogonalizes a 2-D matrix, not a tensor of shape {tuple(update.shape)}")
+    if steps >= 100 or len(coefficients) != 3:  # torch's own checks
+        raise ValueError(f"Newton-Schulz takes fewer than 100 steps and 3 coefficients, not {steps} and {coefficients}")
     a, b, c = coefficients
     x = update.to(dtype=dtype, copy=True)
     tall = update.size(0) > update.size(1)
@@ -39,11 +42,15 @@ class Muon(torch.optim.Muon):
     float32 costs (`common.device.native_bfloat16` says which). Each step: the momentum as an average of the gradients
     (`lerp`), the Nesterov look-ahead along it, the orthogonalized update, decoupled weight decay, and the rate scaled
     by sqrt(max(1, fan-out / fan-in)) (torch's `adjust_lr_fn`). With `ns_dtype=torch.bfloat16` its steps are
-    torch.optim.Muon's, bit for bit (tests/test_muon.py)."""
+    torch.optim.Muon's, bit for bit (tests/test_muon.py). Raises ValueError / RuntimeError where torch's would (not
+    2-D, 100 or more steps, complex parameters, sparse gradients)."""
 
     def __init__(self, params, *, ns_dtype: torch.dtype = torch.bfloat16, **kwargs) -> None:
         super().__init__(params, **kwargs)
         self.ns_dtype = ns_dtype
+
+    def __getstate__(self) -> dict:  # Optimizer's keeps defaults, state and groups only: a deepcopy keeps the dtype too
+        return {**super().__getstate__(), "ns_dtype": self.ns_dtype}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -52,10 +59,12 @@ class Muon(torch.optim.Muon):
             with torch.enable_grad():
                 loss = closure()
         for group in self.param_groups:
-            lr, momentum = float(group["lr"]), group["momentum"]
+            lr, momentum = _to_scalar(group["lr"]), group["momentum"]  # a tensor lr, as torch's takes it
             for p in group["params"]:
                 if p.grad is None:
                     continue
+                if torch.is_complex(p) or p.grad.is_sparse:
+                    raise RuntimeError("Muon supports neither complex parameters nor sparse gradients")
                 state = self.state[p]
                 if "momentum_buffer" not in state:
                     state["momentum_buffer"] = torch.zeros_like(p.grad, memory_format=torch.preserve_format)

@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 from .env import in_process_group
+from .errors import one_line
 from .runstate import RUN
 from .seeding import seed_worker
 
@@ -93,9 +94,8 @@ class Preemption:
                 if saved and saved[1] == step
                 else "no --checkpoint-dir, so nothing to resume from"
             )
-            print(
-                f"{Path(sys.argv[0]).name}: terminated by SIGTERM at step {step}; {where}", file=sys.stderr, flush=True
-            )
+            line = one_line(f"{Path(sys.argv[0]).name}: terminated by SIGTERM at step {step}; {where}")
+            print(line, file=sys.stderr, flush=True)
         raise SystemExit(143)
 
 
