@@ -31,7 +31,12 @@ def cases() -> list[str]:
         [sys.executable, "-m", "pytest", TESTS, "--collect-only", "-q", "-p", "no:cacheprovider"],
         cwd=REPO, capture_output=True, text=True, check=False,
     )  # fmt: skip
-    ids = [line for line in listed.stdout.splitlines() if line.startswith(f"{TESTS}::")]
+    name = Path(TESTS).name  # pytest names them from its rootdir: tests/ here (tests/pytest.ini), or the repository
+    ids = [
+        f"{TESTS}::{line.split('::', 1)[1]}"
+        for line in listed.stdout.splitlines()
+        if line.split("::")[0].endswith(name)
+    ]
     if not ids:
         said = (listed.stdout + listed.stderr).strip().splitlines()[-1:] or ["nothing"]
         common.die(f"no test collected from {TESTS} (pytest: {said[0]})")
