@@ -54,12 +54,12 @@ def problems(tmp_path, variant, base=BASE):
     return check_markers.check(*write(tmp_path, base, variant))
 
 
-# The chains are read from the scripts' declarations (check_markers.pairs), never listed here. What DESIGN.md fixes
-# is checked: the two roots, and the bases of the lessons it names (the speed-up ladder is one chain, each rung on
+# The chains are read from the scripts' declarations (check_markers.pairs), never listed here. What the README's
+# chains fix is checked: the two roots, and the bases of the lessons it names (the speed-up ladder is one chain, each rung on
 # the one below; the distributed lessons on train_DDP.py).
 ROOTS = {"train.py", "loader.py"}
 LADDER = ["train.py", "train_amp.py", "train_channels_last.py", "train_compile.py", "train_fast.py"]
-DESIGN_BASES = {
+FIXED_BASES = {
     **{rung: base for base, rung in zip(LADDER, LADDER[1:])},
     "train_DP.py": "train.py",
     "train_DDP.py": "train.py",
@@ -88,10 +88,10 @@ def test_every_chain_in_src_passes():
         assert f"{variant} vs {base}" in proc.stdout
 
 
-def test_the_declarations_cover_every_script_and_the_lessons_design_names_keep_their_bases():
+def test_the_declarations_cover_every_script_and_the_fixed_lessons_keep_their_bases():
     """Every script is a variant (it declares a base) or one of the two roots; each chain ends at a root; the
     speed-up ladder train.py -> train_amp.py -> train_channels_last.py -> train_compile.py -> train_fast.py and the
-    other lessons DESIGN.md names declare the bases it gives them."""
+    other lessons the README's chains name declare the bases they give them."""
     found = chains()
     scripts = {p.name for p in check_markers.scripts()}
     assert scripts == set(found) | ROOTS and not ROOTS & set(found), sorted(scripts - set(found) - ROOTS)
@@ -102,8 +102,8 @@ def test_the_declarations_cover_every_script_and_the_lessons_design_names_keep_t
             seen.add(current)
             current = found[current]
         assert current in ROOTS, f"{variant}: its chain ends at {current}, not at a root"
-    wrong = {v: (found.get(v), b) for v, b in DESIGN_BASES.items() if found.get(v) != b}
-    assert not wrong, f"declared, DESIGN.md's: {wrong}"
+    wrong = {v: (found.get(v), b) for v, b in FIXED_BASES.items() if found.get(v) != b}
+    assert not wrong, f"declared, the README's chains': {wrong}"
     assert check_markers.chain_problems() == []
 
 
