@@ -417,8 +417,9 @@ def main() -> None:
     # without compiling. TORCH_WARM_POOL=0 (torch._dynamo's inductor backend reads it) starts the pool only when a
     # graph must be compiled; the steps do not change. A value set by the caller wins; env.json records it.
     os.environ.setdefault("TORCH_WARM_POOL", "0")
-    if common.env.limited_inductor_cache():  # ISA limits (a CPU without bf16 instructions): a cache of their own
-        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", common.env.limited_inductor_cache())
+    limited_cache = common.env.limited_inductor_cache()
+    if limited_cache:  # ISA limits (a CPU without bf16 instructions): a cache of their own; a value set by the caller wins
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", limited_cache)
     env = bench_environment(args, profile, gpus, table)
     env["TORCH_WARM_POOL"] = os.environ["TORCH_WARM_POOL"]
     env["TORCHINDUCTOR_CACHE_DIR"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")

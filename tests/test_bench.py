@@ -647,3 +647,17 @@ def test_the_estimate_takes_a_row_one_without_apart_from_its_record(tmp_path):
     found, outside, _ = estimate.estimate([pairs.Job("f-", 0, 0)], {"f-": row}, [folder])
     assert found[0].seconds == pytest.approx(outside + 5.0 + 20 * 0.1)
     assert found[0].source == "as (but for --without) gpu-x: f"
+
+
+def test_a_bench_under_isa_limits_compiles_into_a_cache_of_its_own(tmp_path):
+    """torch 2.15 keys Inductor's graph cache without the vector instruction set, so a bench run with
+    ATEN_CPU_CAPABILITY set (a CPU without bf16 instructions, imitated) gets TORCHINDUCTOR_CACHE_DIR of its own
+    (common.env.limited_inductor_cache), recorded in env.json. Importing torch._inductor sets the variable to the
+    default folder when it is unset: the bench's choice once lost to it, and the limited runs shared the default cache."""
+    env = {k: v for k, v in os.environ.items() if k != "TORCHINDUCTOR_CACHE_DIR"}
+    argv = ["--profile", "smoke", "--only", "train.py cnn, batch 128", "--repeats", "1", "--out", str(tmp_path)]
+    done = run(str(BENCH / "bench.py"), *argv, env={**env, "ATEN_CPU_CAPABILITY": "avx2"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    recorded = json.loads((tmp_path / "env.json").read_text())
+    assert recorded["TORCHINDUCTOR_CACHE_DIR"].endswith("-avx2"), recorded["TORCHINDUCTOR_CACHE_DIR"]
+    assert recorded["isa_limits"] == {"ATEN_CPU_CAPABILITY": "avx2"}

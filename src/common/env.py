@@ -40,12 +40,16 @@ def limited_inductor_cache() -> str | None:
     without a limit: the default folder with the limit appended (/tmp/torchinductor_USER-avx2). torch 2.15 keys its
     compiled-graph cache without the vector instruction set, so a graph compiled under the limit and loaded by a run
     without it crashed that run ("corrupted size vs. prev_size", seen on train_fast.py's GPT), and the other way round
-    an AVX2 measurement would run AVX512 code. The bench and the tests set TORCHINDUCTOR_CACHE_DIR to it."""
+    an AVX2 measurement would run AVX512 code. The bench and the tests set TORCHINDUCTOR_CACHE_DIR to it. Leaves
+    os.environ as it found it (importing torch._inductor would set TORCHINDUCTOR_CACHE_DIR to the default folder)."""
     capability = os.environ.get("ATEN_CPU_CAPABILITY")
     if not capability:
         return None
-    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+    caller = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir  # importing torch._inductor sets the
 
+    if caller is None:  # variable to the default folder when unset: unset again, so that the caller can still set it
+        os.environ.pop("TORCHINDUCTOR_CACHE_DIR", None)
     return f"{default_cache_dir()}-{capability.lower()}"
 
 
