@@ -7,6 +7,7 @@
 #   bash bench/lease.sh                       # profile gpu into results/gpu-<card>-<date>/, packed into $OUT
 #   bash bench/lease.sh gpu-more              # a later quarter-hour: float8, the small CNN's CUDA graphs (a folder of its own)
 #   bash bench/lease.sh gpu-rest              # and the one after: activation checkpointing, varlen, attention
+#   bash bench/lease.sh gpu-compile           # and a fourth: the compiled optimizer step
 #   LEASE_S=540 bash bench/lease.sh gpu       # the seconds the bench may take before it is stopped (default 540)
 #
 # 1. Wheels copied along in .whl/ (torchao) are installed into /tmp/site, without a package index, and put on

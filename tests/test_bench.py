@@ -542,9 +542,9 @@ def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_each_scrip
     assert "batch 16" in found[0].source and found[3].source.startswith("as ") and "assumed" in found[4].source
 
 
-@pytest.mark.parametrize("profile", ["gpu", "gpu-more", "gpu-rest"], ids=lambda p: f"profile={p}")
+@pytest.mark.parametrize("profile", ["gpu", "gpu-more", "gpu-rest", "gpu-compile"], ids=lambda p: f"profile={p}")
 def test_a_gpu_profile_s_dry_run_fits_8_minutes_on_the_recorded_h200_costs(profile):
-    """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more and gpu-rest, a rented GPU's next
+    """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more, gpu-rest and gpu-compile, a rented GPU's next
     quarter-hours): every planned run has an estimate from the results/ GPU folders' recorded runs (or its row's stated
     estimate_s), the 3 interleaved rounds are all there, and the total, the bench's own seconds included, is at most 8
     minutes: what one quarter-hour of a rented GPU leaves room for (bench/lease.sh). A row added to the profile without
