@@ -1,13 +1,13 @@
 r"""Compiled optimizer: train.py + torch.compile of AdamW's step, its learning rate and betas held in tensors.
 
 AdamW's step is a handful of elementwise passes over every parameter tensor (the two moments, the decay, the update),
-each reading and writing the whole tensor; under torch.compile, Inductor fuses them into one loop per parameter
-(PyTorch's recipe "Compiling the optimizer with torch.compile"). The model stays eager: the lesson is the optimizer
-alone, on train.py, so the diff shows it and nothing of the model's compile (train_compile.py). A compiled function is
-specialized on the Python numbers it reads, and the one-cycle schedule changes the rate and beta1 at every step: as
-floats, each step would compile again until Dynamo's limit of 8, then run eagerly without a word. So they live in
-tensors the schedule fills in place (OneCycleLR writes beta1 back as a float: it goes into its tensor too). The
-compile is kept out of images/s and reported, with any recompile (compile_s, graphs_compiled, recompiled_steps).
+each reading and writing the whole tensor; under torch.compile, Inductor fuses them (on a CPU, into one loop per
+parameter: PyTorch's recipe "Compiling the optimizer with torch.compile"). The model stays eager: the lesson is the
+optimizer alone, on train.py, so the diff shows it and nothing of the model's compile (train_compile.py). A compiled
+function is specialized on the Python numbers it reads, and the one-cycle schedule changes the rate and beta1 at every
+step: as floats, each step would compile again until Dynamo's limit of 8, then run eagerly (one warning in the log). So
+they live in tensors the schedule fills in place (OneCycleLR writes beta1 back as a float: it goes into its tensor too).
+The compile is kept out of images/s and reported, with any recompile (compile_s, graphs_compiled, recompiled_steps).
 
     python src/train_compiled_optimizer.py --model gpt                 # the GPT, AdamW's step compiled
     python src/train_compiled_optimizer.py --device cpu --subset 4096 --epochs 1
@@ -61,7 +61,8 @@ else:
 model = common.build_model(args.model, *common.input_shape(args)).to(device)
 criterion = nn.CrossEntropyLoss()
 # new # begin: the rate and betas in tensors the schedule fills in place: the compiled step reads them as inputs; as
-# floats it would be specialized on each value and recompiled at every step. capturable: CUDA's tensor rate needs it
+# floats it would be specialized on each value and recompiled at every step. capturable: on CUDA, a step that runs
+# eagerly (the meter's FLOP-counted step) keeps the tensor rate on the GPU
 lr, beta1, beta2 = (torch.tensor(v, device=device) for v in (args.lr, 0.9, 0.999))
 optimizer = torch.optim.AdamW(
     model.parameters(), lr=lr, betas=(beta1, beta2), weight_decay=5e-4, capturable=device.type == "cuda"
@@ -69,13 +70,17 @@ optimizer = torch.optim.AdamW(
 
 
 def tensors_back() -> None:
-    """OneCycleLR writes beta1 back as a Python float, and a resume loads the saved groups' own tensors: put each
-    value into the tensors the compiled step was traced with, and those tensors back into the groups."""
+    """OneCycleLR writes beta1 back as a Python float, and a resume replaces each group whole (the saved tensors, the
+    saved capturable flag): put each value into the script's tensors, on the device (no sync: a GPU tensor is copied,
+    never read back with float()), and those tensors back into the group. One group here; with several, each needs
+    tensors of its own."""
     for group in optimizer.param_groups:
-        lr.fill_(float(group["lr"]))
-        beta1.fill_(float(group["betas"][0]))
-        beta2.fill_(float(group["betas"][1]))
-        group["lr"], group["betas"] = lr, (beta1, beta2)
+        for mine, value in zip((lr, beta1, beta2), (group["lr"], *group["betas"]), strict=True):
+            if isinstance(value, torch.Tensor):
+                mine.copy_(value)  # the same tensor (the schedule fills the rate in place) or a loaded one
+            else:
+                mine.fill_(value)  # the schedule's float beta1
+        group["lr"], group["betas"], group["capturable"] = lr, (beta1, beta2), device.type == "cuda"
 
 
 @torch.compile(fullgraph=False)

@@ -708,7 +708,7 @@ def test_the_gpu_paragraph_says_what_run_all_sh_runs_on_a_gpu_machine():
 def index_cells(index: str, name: str) -> dict[str, str]:
     """The commit, floor and verdicts cells of a folder's line in results/README.md."""
     line = next(x for x in index.splitlines() if f"[`{name}/`]" in x)
-    cells = line.strip().strip("|").split(" | ")
+    cells = [cell.strip() for cell in line.strip().strip("|").split(" | ")]  # the older folders' lines start with it
     k = next(i for i, c in enumerate(cells) if c.startswith(f"[`{name}/`]"))
     return {"commit": cells[k + 3], "floor": cells[k + 4], "verdicts": cells[k + 6]}
 

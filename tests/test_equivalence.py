@@ -14,6 +14,7 @@ does not need more: one step already shows a wrong gradient, a few a wrong order
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -323,7 +324,7 @@ def test_compiled_optimizer_matches_train_and_compiles_once(ladder):
     out of images/s."""
     run, base = ladder("train_compiled_optimizer.py"), ladder("train.py")
     metrics = run["metrics"]  # first what the technique did: a step run eagerly would pass the parity below
-    assert metrics["graphs_compiled"] >= 1 and metrics["recompiled_steps"] == 0, metrics
+    assert metrics["graphs_compiled"] == 1 and metrics["recompiled_steps"] == 0, metrics
     assert metrics["compile_s"] > 0 and metrics["compile_s"] == metrics["first_step_s"]
     assert metrics["measured_steps"] == 15 and metrics["technique"] == "Compiled optimizer"
     assert "torch.compile: the optimizer step in" in run["stdout"] and "0 later step(s) recompiled" in run["stdout"]
@@ -332,6 +333,27 @@ def test_compiled_optimizer_matches_train_and_compiles_once(ladder):
     assert float(group["lr"]) == pytest.approx(expected["lr"], rel=1e-6)  # float32's rounding of the same value
     assert [float(b) for b in group["betas"]] == pytest.approx(list(expected["betas"]), rel=1e-6)
     assert_parity(run, base, steps=16, moments=1e-5, weights=1e-6, label="compiled optimizer")
+
+
+def test_compiled_optimizer_resumes_where_it_stopped(ladder, tmp_path):
+    """train_compiled_optimizer.py stopped by SIGTERM after step 8 of the ladder's 16, then the same line + --resume:
+    the resumed run ends where the uninterrupted one does, its weights and first moments within the tolerances of the
+    test above (the resumed process compiles again, and the meter's FLOP-counted step runs eagerly in each process),
+    with 1 graph and 0 recompiles. A resume replaces each optimizer group whole, with the saved rate and betas as
+    tensors of their own: `tensors_back()` puts their values into the script's tensors (the ones the schedule fills),
+    or the resumed run's first step would take the peak rate the script's tensor was made with."""
+    from test_preemption import terminate_after
+
+    full, script, ck = ladder("train_compiled_optimizer.py"), "src/train_compiled_optimizer.py", tmp_path / "ck"
+    argv = [script, *SAME, *LADDER, "--log-every", "1", "--checkpoint-dir", ck, "--metrics-out", tmp_path / "cut.json"]
+    cut = terminate_after(argv, 8, lambda job: os.killpg(job.pid, signal.SIGTERM))
+    assert cut.returncode == 143, cut.stdout[-2000:] + cut.stderr
+    stopped = torch.load(ck / "last.pt", weights_only=True)["step"]
+    assert 8 <= stopped < 16
+    resumed = train(ck, script, *LADDER, "--resume")
+    assert f"{stopped} steps done" in resumed["stdout"]
+    assert resumed["metrics"]["graphs_compiled"] == 1 and resumed["metrics"]["recompiled_steps"] == 0
+    assert_parity(resumed, full, steps=16, moments=1e-5, weights=1e-6, label="resumed")
 
 
 # -- The GPU-only rungs: TF32, float8, CUDA graphs -----------------------------------------------------------------
