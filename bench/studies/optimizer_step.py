@@ -51,6 +51,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for table.md, env.json and log.txt")
     args = parser.parse_args()
     models = args.models.split(",")
+    if args.min_run_time <= 0:
+        parser.error(f"--min-run-time must be above 0 seconds, not {args.min_run_time}")
     if unknown := [m for m in models if m not in SHAPES]:
         parser.error(f"--models: unknown {', '.join(unknown)} (expected {', '.join(SHAPES)})")
     if problem := common.output_problem(args.out, is_folder=True):
@@ -81,4 +83,7 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except KeyboardInterrupt:  # nothing is written before the last model's timing: no half-written table
+        sys.exit("optimizer_step.py: interrupted; nothing written")
