@@ -360,6 +360,44 @@ def test_compiled_optimizer_resumes_where_it_stopped(ladder, tmp_path):
     assert_parity(resumed, full, steps=16, moments=1e-3, weights=1e-5, label="resumed")
 
 
+
+def test_compile_cache_starts_warm_from_its_file_alone_and_trains_as_train_compile(ladder, tmp_path):
+    """train_compile_cache.py vs its base train_compile.py, the ladder's 16 steps, each run of the rung with an empty
+    Inductor folder of its own (TORCHINDUCTOR_CACHE_DIR), so that a warm start can come only from the rung's file: the
+    first run compiles cold and writes the file; the second loads it, and Inductor finds every graph in it (misses 0,
+    hits as many as the first run compiled: Inductor's own counters). Compared: every weight and first moment of
+    both runs equals train_compile.py's bit for bit (tolerance none: the same generated code runs, cached or not, and
+    the cache changes no number). A run under a CPU's AVX2 limit (`WITHOUT_BF16`) with the same folder does not load
+    the AVX512 file (its name holds the instruction set; a kernel built for AVX512 would crash it), and a file that is
+    not torch's is said in one line, compiled cold and written over."""
+    from conftest import WITHOUT_BF16
+
+    folder, flags = tmp_path / "caches", ["--amp-dtype", "bfloat16", "--compile-cache", tmp_path / "caches"]
+
+    def rung(name, *more, env=None):
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}"), **(env or {})}
+        return train(tmp_path / name, "src/train_compile_cache.py", *LADDER, *flags, *more, env=env)
+
+    cold, base = rung("cold"), ladder("train_compile.py", "--amp-dtype", "bfloat16")
+    [file] = folder.glob("*.bin")
+    assert cold["metrics"]["compile_cache"] == "cold" and cold["metrics"]["cache_hits"] == 0
+    assert cold["metrics"]["cache_misses"] > 0 and f"written to {file}" in cold["stdout"]
+    warm = rung("warm")
+    assert warm["metrics"]["compile_cache"] == "warm" and f"loaded from {file}" in warm["stdout"]
+    assert warm["metrics"]["cache_misses"] == 0 and warm["metrics"]["cache_hits"] == cold["metrics"]["cache_misses"]
+    assert warm["metrics"]["graphs_compiled"] == cold["metrics"]["graphs_compiled"] == base["metrics"]["graphs_compiled"]
+    for run_ in (cold, warm):
+        assert_identical(weights(run_), weights(base))
+        assert all(torch.equal(a, b) for a, b in zip(first_moments(run_), first_moments(base), strict=True))
+    limited = rung("avx2", "--max-steps", "1", env=WITHOUT_BF16 | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "i2")})
+    assert limited["metrics"]["compile_cache"] == "cold" and limited["metrics"]["cache_hits"] == 0
+    assert len(list(folder.glob("*.bin"))) == 2 and file.read_bytes() != b""
+    file.write_bytes(b"not a cache")
+    broken = rung("broken", "--max-steps", "1")
+    assert f"compile cache: {file} could not be read: compiling cold" in broken["stdout"]
+    assert "Traceback" not in broken["stderr"] and broken["metrics"]["compile_cache"] == "cold"
+    assert file.read_bytes() != b"not a cache"  # written over by what the run compiled
+
 # -- The GPU-only rungs: TF32, float8, CUDA graphs -----------------------------------------------------------------
 
 
