@@ -103,9 +103,17 @@ def rows_for(script: str, topics: list[dict]) -> list[str]:
             compared = allowed(compared_cell(r), floor)
             if pd.notna(r.get("x_target")) and pd.isna(r.get("x_self")):  # the same pairs' times to the target
                 sooner = allowed(pair_cell(r, "x_target"), target_floor_of(folder))
-                compared += f"; to the target in {fmt(r.get('time_to_target_s'), '.1f')} s: {sooner}"
+                compared += f"; to the target in {fmt(r.get('time_to_target_s'), '.1f')} s{with_compile(r)}: {sooner}"
             lines.append(f"| {topic['name']} ({link}) | {r['config']} | {ips_cell(r)} | {compared} | {floor_text} |")
     return lines
+
+
+def with_compile(r: dict) -> str:
+    """ " (N s with its compile)" after a compiled run's training seconds to the target (`time_to_target_incl_compile_s`:
+    what its user waited, the first step's compile included), "" for a run that compiled nothing."""
+    if pd.isna(r.get("compile_s")) or pd.isna(r.get("time_to_target_incl_compile_s")):
+        return ""
+    return f" ({fmt(r['time_to_target_incl_compile_s'], '.1f')} s with its compile)"
 
 
 def block(script: str, topics: list[dict]) -> str:
@@ -204,6 +212,8 @@ def cell_value(cell: dict, folders: Folders) -> str:
     if show == "target_s":
         base = _against(cell, folders, "time_to_target_s")
         return fmt(r["time_to_target_s"], ".1f") + " s" + (f" against {fmt(base, '.1f')} s" if base else "")
+    if show == "target_incl_compile_s":  # what its user waited: the first step's compile included
+        return fmt(r["time_to_target_incl_compile_s"], ".1f") + " s"
     if show == "target_steps":
         return fmt(r["steps_to_target"], ",.0f")
     if show == "peak_memory":
@@ -280,7 +290,8 @@ def first_screen_value(cell: dict, folders: Folders) -> str:
     sooner / later), or, by `show`: "folder" (a link to the topic's folder), "machine" (what it ran on),
     "run_all_time" (the wall time that the folder's run_all-time.txt records, and how many runs its runs.csv holds),
     "nanogpt" (nanoGPT side by side: `run` against `against`, × sooner in its rounds: bench/studies/nanogpt.py's
-    cell)."""
+    cell), "cold_start" (bench/studies/compile_cold_start.py's runs.csv: the median `column` of its `config` and
+    `start`, in seconds)."""
     show = cell["show"]
     folder = REPO / "results" / folders.folder(cell["topic"])
     if show == "folder":
@@ -297,6 +308,15 @@ def first_screen_value(cell: dict, folders: Folders) -> str:
         if wall is None:
             raise SystemExit(f"pages.py: error: {folder.name}/run_all-time.txt has no 'wall M min S s' line")
         return f"{wall[1]} min {float(wall[2]):.0f} s ({runs} runs, re-runs of disturbed pairs included)"
+    if show == "cold_start":
+        try:
+            runs = pd.read_csv(folder / "runs.csv")
+        except (OSError, pd.errors.EmptyDataError) as error:
+            raise SystemExit(f"pages.py: error: {folder.name}: {error}")
+        mine = runs[(runs["config"] == cell["config"]) & (runs["start"] == cell["start"])][cell["column"]].dropna()
+        if mine.empty:
+            raise SystemExit(f"pages.py: error: {folder.name}/runs.csv has no {cell['column']} of {cell['config']}")
+        return f"{mine.median():.1f} s"
     if show == "nanogpt":
         sys.path.insert(0, str(REPO / "bench" / "studies"))
         import nanogpt  # bench/studies/nanogpt.py: the side by side's own cells
