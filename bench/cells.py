@@ -133,6 +133,15 @@ def ips_cell(r: dict) -> str:
     return ips
 
 
+def rate_text(r: dict) -> str:
+    """A row's median rate with its unit: "26,427 tokens/s" for a language model (images_per_s x tokens_per_sample:
+    a sample is a block of tokens), "432.0 images/s" for the others, "–" where it was not measured."""
+    tokens = r.get("tokens_per_sample")
+    if tokens is not None and pd.notna(tokens) and tokens > 0:
+        return fmt(r.get("images_per_s"), ",.0f", tokens) + " tokens/s"
+    return fmt(r.get("images_per_s"), ",.1f") + " images/s"
+
+
 def cell_text(value) -> str:
     """A table cell's text: "" for None and NaN (what an empty cell of a CSV reads back as)."""
     return "" if value is None or (isinstance(value, float) and pd.isna(value)) else str(value)

@@ -11,7 +11,8 @@ import matplotlib
 matplotlib.use("Agg")  # no display needed
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
-from cells import cell_text, fmt, pair_cell, row_groups, sweep_groups  # noqa: E402
+from cells import cell_text, fmt, pair_cell, rate_text, row_groups, sweep_groups  # noqa: E402
+from matplotlib.patches import Patch  # noqa: E402
 from profiles import KNOBS  # noqa: E402
 
 import common  # noqa: E402
@@ -108,13 +109,11 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str, floor: float | No
     ladders = row_groups(summary, "ladder")
     if not ladders:
         return
-    colors = {"faster": "tab:green", "slower": "tab:red"}
+    colors = {"faster": "tab:green", "slower": "tab:red", "disturbed": "tab:orange"}  # grey: no measurable difference
     fig, axes = plt.subplots(len(ladders), 1, figsize=(10, 1.2 + 2.2 * len(ladders)), squeeze=False)
     for ax, (name, rungs) in zip(axes[:, 0], ladders, strict=True):
         ips = pd.to_numeric(rungs.images_per_s, errors="coerce")
-        names = [
-            f"{str(r.config)[:50]} ({fmt(v, ',.0f')} images/s)" for r, v in zip(rungs.itertuples(), ips, strict=True)
-        ]
+        names = [f"{str(r['config'])[:50]} ({rate_text(r)})" for r in rungs.to_dict("records")]  # tokens/s for text
         median = pd.to_numeric(rungs.speedup_rung, errors="coerce")
         measured_rungs = (rungs.status.astype(str) == "ok").iloc[1:].any()  # a rung after the first that ran
         if median.isna().all() and measured_rungs:  # no pairs: the single runs' images/s, no ratio
@@ -139,9 +138,13 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str, floor: float | No
             if floor:
                 ax.axvspan(1 - floor, 1 + floor, color="tab:gray", alpha=0.15, lw=0)
             ax.set_xlim(0, max(hi.max() if hi.notna().any() else 1, 1) * 1.9)
+            shown = {cell_text(v) for v in rungs.speedup_rung_verdict}
+            legend = [(w, c) for w, c in (*colors.items(), ("no measurable difference", "tab:gray")) if w in shown]
+            if legend:  # each colour named where it is drawn: a disturbed rung is not a rung without a difference
+                ax.legend(handles=[Patch(color=c, label=w) for w, c in legend], fontsize=7, loc="lower right")
             ax.set_xlabel(
                 "× its base rung: median of the interleaved pairs, min–max as error bars; grey: no measurable "
-                "difference" + (f" (noise floor ±{100 * floor:.1f} %, shaded)" if floor else "")
+                "difference; orange: disturbed" + (f" (noise floor ±{100 * floor:.1f} %, shaded)" if floor else "")
             )
         ax.invert_yaxis()
         ax.tick_params(axis="y", labelsize=8)

@@ -1,7 +1,8 @@
 # Which Python the project runs: sourced by bench/setup.sh, run_all.sh and tests/run.sh (not run on its own).
 #   project_python   prints the interpreter: $PYTHON when set; the active environment's python3 when a virtual
-#                    environment or conda is active; else .venv/bin/python when set-up made one (because the system's
-#                    Python is externally managed, PEP 668); else python3.
+#                    environment or conda is active; else .venv/bin/python when set-up made one (a python3 that
+#                    refused packages, PEP 668, or lacked them: set-up installs into no Python it did not make or
+#                    was not given); else python3 (one that imports every package already).
 #   refuses_packages INTERPRETER   succeeds when pip cannot install into it: externally managed (PEP 668: an
 #                    EXTERNALLY-MANAGED file in its stdlib, outside a virtual environment) or without pip.
 # It changes nothing in the shell that sources it but these two functions.

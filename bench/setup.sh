@@ -2,11 +2,12 @@
 # Set-up shared by run_all.sh and tests/run.sh; each step runs only when its result is missing.
 #   1. Python packages: `pip install -r requirements.txt` unless torch, torchvision, pandas, matplotlib, tqdm,
 #      tabulate, torchao, NVIDIA DALI (on Linux x86_64, where its wheel exists) and, with --test, pytest, pytest-xdist
-#      and Hypothesis already import. Into which Python (bench/python.sh): $PYTHON when set, else the active virtual
-#      environment or conda's, else .venv/ when an earlier set-up made it, else python3; where that python3 refuses
-#      packages (externally managed, PEP 668: Debian 12, Ubuntu 23.04+; or without pip), set-up makes a virtual
-#      environment in .venv/ and installs there (run_all.sh and tests/run.sh then run it; `. bench/activate.sh` or
-#      `source .venv/bin/activate` makes it this shell's `python`).
+#      and Hypothesis already import. Only into an environment set-up was given or made (bench/python.sh): $PYTHON
+#      when set, else the active virtual environment or conda's, else .venv/ in the repository, which set-up makes
+#      where it is missing (run_all.sh and tests/run.sh then run it; `. bench/activate.sh` or `source
+#      .venv/bin/activate` makes it this shell's `python`). A python3 that already imports every package is run as it
+#      is; one that lacks some is never installed into, managed (PEP 668: Debian 12, Ubuntu 23.04+) or not: its
+#      other projects keep the versions they have.
 #   2. Fashion-MNIST: the Debian package dataset-fashion-mnist when apt-get is there (as root or through sudo);
 #      otherwise the scripts look in data/ and finally try torchvision's download.
 #   3. The JPEG ImageFolders that loader.py and loader_DALI.py read, under data/: bench/prepare/prepare_data.py, which skips
@@ -53,14 +54,16 @@ if [ "$PYTHON" = .venv/bin/python ] && refuses_packages "$PYTHON"; then
 fi
 if "$PYTHON" -c "import $modules" 2>/dev/null; then
   [ -z "$plan" ] || echo "setup: plan: $PYTHON has every package; nothing to install"
-elif refuses_packages "$PYTHON"; then
+elif refuses_packages "$PYTHON" || { [ -z "$chosen" ] && [ "$PYTHON" = python3 ]; }; then  # python3 unchosen: not ours
   if [ -n "$chosen" ]; then  # $PYTHON, or an active environment: the user's, never replaced behind their back
     whose=$([ -n "$user_python" ] && echo "\$PYTHON ($PYTHON)" || echo "the active environment's python3")
     echo "setup: error: $whose refuses packages (externally managed, PEP 668, or no pip): use a virtual" \
       "environment's python, or unset PYTHON and deactivate, and set-up makes one in .venv/" >&2
     exit 2
   fi
-  echo "setup: $(command -v python3) refuses packages (externally managed, PEP 668, or no pip):" \
+  why=$(refuses_packages python3 && echo "refuses packages (externally managed, PEP 668, or no pip)" \
+    || echo "lacks packages and is not an environment set-up made or was given")
+  echo "setup: $(command -v python3) $why:" \
     "$([ -n "$plan" ] && echo "would install" || echo "installing") into a virtual environment at .venv/" \
     "(run_all.sh and tests/run.sh use it; in your shell: . bench/activate.sh)"
   [ -z "$plan" ] || exit 0

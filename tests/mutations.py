@@ -348,6 +348,9 @@ MUTATIONS = [
     ("setup.sh", "an externally managed Python (PEP 668) taken for one pip installs into", "bench/python.sh",
      "sys.exit(0 if managed else 1)", "sys.exit(1)",
      "tests/test_setup.py::test_an_externally_managed_system_python_gets_a_virtual_environment_in_the_repository"),
+    ("setup.sh", "a python3 nobody chose, lacking packages, installed into (another project's versions replaced)",
+     "bench/setup.sh", '|| { [ -z "$chosen" ] && [ "$PYTHON" = python3 ]; }; then', "; then",
+     "tests/test_setup.py::test_a_python3_that_lacks_packages_is_never_installed_into"),
     ("train_sdpa.py", "the causal mask ignored in the FLOP count (torch's formulas): causal SDPA counted as the whole "
      "T x T product, not FlashAttention-2's lower triangle", "src/common/meter.py",
      "return flops * causal_entries(rows, cols) // (rows * cols) if is_causal else flops", "return flops",

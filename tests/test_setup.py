@@ -1,6 +1,6 @@
 """bench/setup.sh's choice of a Python, without the network: `--plan` says which interpreter set-up would install
-into and why, and changes nothing. An externally managed system Python (PEP 668: Debian 12, Ubuntu 23.04+) gets a
-virtual environment in .venv/; an active environment, $PYTHON and an earlier .venv/ are used as they are; a .venv/
+into and why, and changes nothing. An externally managed system Python (PEP 668: Debian 12, Ubuntu 23.04+), or any
+python3 nobody chose that lacks packages, gets a virtual environment in .venv/; an active environment, $PYTHON and an earlier .venv/ are used as they are; a .venv/
 left without pip is made again; bench/activate.sh makes .venv/ the shell's `python`."""
 
 import os
@@ -81,6 +81,22 @@ def test_a_python_the_user_chose_is_never_swapped_for_a_virtual_environment(tmp_
     done = plan(tree(tmp_path), clean_env("/usr/bin:/bin", **chosen))
     assert done.returncode == 2, done.stdout
     assert len(done.stderr.strip().splitlines()) == 1 and "refuses packages" in done.stderr, done.stderr
+
+
+def test_a_python3_that_lacks_packages_is_never_installed_into(tmp_path):
+    """A python3 that takes packages (not externally managed, with pip) but lacks some, and that nobody chose (no
+    PYTHON, no active environment): set-up makes .venv/ and installs there, and says so in one line; it never installs
+    into that python3 (on a fresh clone it once did, and uninstalled a pyenv Python's setuptools 65.5.0 and libcst
+    1.0.1 on the way: other projects on that machine lost the versions they had)."""
+    root = tree(tmp_path)
+    base = sysconfig.get_config_var("BINDIR") + "/python3"  # the base interpreter: a venv of a venv is not made
+    subprocess.run([base if Path(base).exists() else sys.executable, "-m", "venv", str(tmp_path / "bare")], check=True)
+    bin_dir = wrapper(tmp_path / "bin" / "python3", str(tmp_path / "bare" / "bin" / "python")).parent
+    done = plan(root, clean_env(f"{bin_dir}:/usr/bin:/bin"))
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("setup:")]
+    assert len(lines) == 1 and "lacks packages" in lines[0] and "into a virtual environment at .venv/" in lines[0], lines
+    assert not (root / ".venv").exists(), "--plan must change nothing"
 
 
 def test_an_earlier_virtual_environment_in_the_repository_is_used(tmp_path):

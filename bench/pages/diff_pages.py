@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "bench"), str(REPO / "src")]  # check_markers, tables, common
 
 from check_markers import Parsed, compare, declared_base, opcodes, pairs, parse, title, tree  # noqa: E402
+from cells import cpu_kind, rate_text  # noqa: E402
 from tables import compared_cell  # noqa: E402
 
 import common  # noqa: E402
@@ -200,7 +201,8 @@ def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
         table = pd.read_csv(folder / "summary.csv")
         by_config = {r["config"]: r for r in table.to_dict("records")}
         gpus = env.get("gpus") or []
-        hardware = f"{len(gpus)} × {gpus[0]}" if gpus else f"CPU, {env.get('cpu_count', '?')} cores"
+        cpu = f"{env.get('cpu_model') or 'CPU'}, {env.get('cpu_count', '?')} cores ({cpu_kind(env)})"  # the host
+        hardware = f"{len(gpus)} × {gpus[0]}" if gpus else cpu
         size = {"resnet50": 0, "resnet18": 1, "cnn": 2, "mlp": 3}
         for r in sorted(table.to_dict("records"), key=lambda r: size.get(r.get("model"), 4)):  # largest model first
             compared = compared_cell(r) if r.get("status") == "ok" else "–"
@@ -213,6 +215,7 @@ def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
                     "hardware": hardware,
                     "config": r["config"],
                     "images_per_s": r.get("images_per_s"),
+                    "rate": rate_text(r),  # tokens/s for a language model
                     "compared": compared,
                     "mem": _memory(r),
                     "base_mem": _memory(reference),
@@ -236,7 +239,7 @@ def measured_html(rows: list[dict]) -> str:
     for r in rows:
         median, rest = r["compared"].split(" ", 1)
         items.append(
-            f"<li><b>{html.escape(median)}</b> {html.escape(rest)} ({float(r['images_per_s']):.1f} images/s; interleaved "
+            f"<li><b>{html.escape(median)}</b> {html.escape(rest)} ({html.escape(r['rate'])}; interleaved "
             f"pairs: median, min–max, verdict), {html.escape(r['mem'])} (its reference {html.escape(r['base_mem'])}): "
             f"<i>{html.escape(r['config'])}</i>, {html.escape(r['hardware'])}, "
             f"<code>{html.escape(str(r['folder']))}</code></li>"

@@ -16,8 +16,8 @@ and no list that a script can read is typed:
     python bench/pages/pages.py            # write every block and docs/scripts.md
     python bench/pages/pages.py --check    # exit 1 if one is not what this would write (tests/test_docs.py)
 
-A verdict is printed as the folder's floor allows it now (bench/pairs.py): "no measurable difference" from a floor
-wider than NOISY_FLOOR reads "no verdict: noise floor ±N %" (an older folder's summary may say otherwise).
+A verdict is printed as the folder's floor allows it now (bench/pairs.py): from a floor wider than NOISY_FLOOR no
+ratio and no verdict reach a page, only "no verdict (floor ±N %)" (an older folder's summary may say otherwise).
 """
 
 from __future__ import annotations
@@ -76,12 +76,16 @@ def target_floor_of(folder: Path) -> float | None:
 
 
 def allowed(cell: str, floor: float | None) -> str:
-    """The comparison's cell with the verdict its floor allows: none without a floor, and within a floor wider than
-    NOISY_FLOOR not "no measurable difference" but "no verdict"."""
+    """The comparison's cell ("1.30× (1.25–1.33), faster over a") with what its folder's floor allows: no verdict
+    without a floor; past a floor wider than NOISY_FLOOR no ratio either, "no verdict (floor ±N %) over a": a copy of
+    one run strayed that far on that host, so its ratios are noise a reader would copy (the README once printed
+    "3.80× (1.10–6.50)" from a ±52.6 % floor)."""
     if floor is None:
         return re.sub(r", (faster|slower|no measurable difference)", ", no verdict (no noise floor)", cell)
-    if floor > NOISY_FLOOR:
-        return cell.replace(", no measurable difference", f", no verdict: noise floor ±{100 * floor:.0f} %")
+    ratio = re.match(r"[\d.]+× \([^)]*\), ", cell)
+    if floor > NOISY_FLOOR and ratio:
+        rest = cell[ratio.end() :]
+        return f"no verdict (floor ±{100 * floor:.0f} %)" + (rest[rest.index(" over ") :] if " over " in rest else "")
     return cell
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import tomllib
 from pathlib import Path
@@ -69,11 +70,33 @@ def floor_pct(folder: Path) -> float | None:
     return None
 
 
+def tracked_folders() -> set[str] | None:
+    """The folders at the top of results/ that git tracks a file in; None where git cannot say (no git, or results/
+    outside a repository: a copy of the files)."""
+    try:
+        proc = subprocess.run(["git", "ls-files", "-z", "--", "."], cwd=RESULTS, capture_output=True, text=True,
+                              timeout=60, check=False)  # fmt: skip
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if proc.returncode:
+        return None
+    return {path.split("/")[0] for path in proc.stdout.split("\0") if "/" in path}
+
+
 def result_folders() -> list[str]:
-    """The folders at the top of results/ on disk (sorted), whether git tracks them yet or not, so that a new folder
-    joins the index before its first `git add`: all but archive/ and mutations/ (listed apart), local/ (a user's own
-    runs, ignored by git) and hidden ones."""
+    """The repository's folders at the top of results/ (sorted): those git tracks a file in, and those current.toml
+    names, so that a new topic's folder joins the index before its first `git add`. A folder of a user's own runs that
+    git does not track (`python bench/bench.py --out results/mine`) is theirs, not the repository's: it is not listed,
+    and the index stays current beside it. Where git cannot say, every folder on disk. Never archive/ and mutations/
+    (listed apart), local/ (the bench's default output, ignored by git) or hidden ones."""
     names = {p.name for p in RESULTS.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    tracked = tracked_folders()
+    if tracked is not None:
+        try:
+            named = {t["folder"] for t in tomllib.loads((RESULTS / "current.toml").read_text()).get("topic", [])}
+        except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError, TypeError, KeyError):
+            named = set()  # render()'s load_topics says what is wrong with it, in one line
+        names &= tracked | named
     return sorted(names - {"archive", "mutations", "local"})
 
 
@@ -253,11 +276,13 @@ def render() -> str:
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [row(t["folder"], t) for t in topics]
     others = [n for n in folders if n not in named]
-    lines += ["", "## Older folders", "",
-              "Superseded by a current folder, kept while a page still cites them (then archived).", "",
-              "| folder | machine | date | scripts' commit | floor | runs' time | verdicts | cited by |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    lines += [row(n, None) for n in others]
+    lines += ["", "## Older folders", ""]
+    if others:
+        lines += ["Superseded by a current folder, kept while a page still cites them (then archived).", "",
+                  "| folder | machine | date | scripts' commit | floor | runs' time | verdicts | cited by |",
+                  "|---|---|---|---|---|---|---|---|", *[row(n, None) for n in others]]  # fmt: skip
+    else:
+        lines += ["None: each folder here is the current one of its topic; superseded ones are in archive/."]
     lines += ["", "## Mutation tables", "",
               "Each lesson's realistic bugs and the test that must catch each (`python tests/mutations.py`).", "",
               "| table | bugs caught |", "|---|---|", *mutation_rows()]  # fmt: skip
