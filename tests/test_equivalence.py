@@ -365,11 +365,13 @@ def test_compile_cache_starts_warm_from_its_file_alone_and_trains_as_train_compi
     """train_compile_cache.py vs its base train_compile.py, the ladder's 16 steps, each run of the rung with an empty
     Inductor folder of its own (TORCHINDUCTOR_CACHE_DIR), so that a warm start can come only from the rung's file: the
     first run compiles cold and writes the file; the second loads it, and Inductor finds every graph in it (misses 0,
-    hits as many as the first run compiled: Inductor's own counters). Compared: every weight and first moment of
-    both runs equals train_compile.py's bit for bit (tolerance none: the same generated code runs, cached or not, and
-    the cache changes no number). A run under a CPU's AVX2 limit (`WITHOUT_BF16`) with the same folder does not load
-    the AVX512 file (its name holds the instruction set; a kernel built for AVX512 would crash it), and a file that is
-    not torch's is said in one line, compiled cold and written over."""
+    hits as many as the first run compiled: Inductor's own counters), and writes it again whole (as many artifacts).
+    Compared: every weight and first moment of both runs equals train_compile.py's bit for bit (tolerance none: the
+    same generated code runs, cached or not, and the cache changes no number). The file's name keeps apart what would
+    compile other graphs: another batch size gets a file of its own and leaves the first as it was; a run under the
+    AVX2 limit (`WITHOUT_BF16`, on a CPU above AVX2) does not load the AVX512 file (torch's keys leave the vector
+    instructions out; a kernel built for AVX512 would crash it). A file that is not torch's (torch's checksum refuses
+    it, as it refuses one cut short) is said in one line, compiled cold and written over."""
     from conftest import WITHOUT_BF16
 
     folder, flags = tmp_path / "caches", ["--amp-dtype", "bfloat16", "--compile-cache", tmp_path / "caches"]
@@ -378,25 +380,35 @@ def test_compile_cache_starts_warm_from_its_file_alone_and_trains_as_train_compi
         env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / f"inductor-{name}"), **(env or {})}
         return train(tmp_path / name, "src/train_compile_cache.py", *LADDER, *flags, *more, env=env)
 
+    def written(run_: dict) -> int:
+        return int(re.search(r"compile cache: (\d+) artifacts written to", run_["stdout"]).group(1))
+
     cold, base = rung("cold"), ladder("train_compile.py", "--amp-dtype", "bfloat16")
     [file] = folder.glob("*.bin")
     assert cold["metrics"]["compile_cache"] == "cold" and cold["metrics"]["cache_hits"] == 0
     assert cold["metrics"]["cache_misses"] > 0 and f"written to {file}" in cold["stdout"]
     warm = rung("warm")
-    assert warm["metrics"]["compile_cache"] == "warm" and f"loaded from {file}" in warm["stdout"]
-    assert warm["metrics"]["cache_misses"] == 0 and warm["metrics"]["cache_hits"] == cold["metrics"]["cache_misses"]
+    assert warm["metrics"]["cache_file_loaded"] and f"loaded from {file}" in warm["stdout"]
+    assert warm["metrics"]["compile_cache"] == "warm" and warm["metrics"]["cache_misses"] == 0
+    assert warm["metrics"]["cache_hits"] == cold["metrics"]["cache_misses"] and written(warm) == written(cold)
     assert warm["metrics"]["graphs_compiled"] == cold["metrics"]["graphs_compiled"] == base["metrics"]["graphs_compiled"]
     for run_ in (cold, warm):
         assert_identical(weights(run_), weights(base))
         assert all(torch.equal(a, b) for a, b in zip(first_moments(run_), first_moments(base), strict=True))
-    limited = rung("avx2", "--max-steps", "1", env=WITHOUT_BF16 | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "i2")})
-    assert limited["metrics"]["compile_cache"] == "cold" and limited["metrics"]["cache_hits"] == 0
-    assert len(list(folder.glob("*.bin"))) == 2 and file.read_bytes() != b""
+    kept = file.read_bytes()
+    other = rung("batch-32", "--batch-size", "32", "--max-steps", "1")
+    assert other["metrics"]["compile_cache"] == "cold" and not other["metrics"]["cache_file_loaded"]
+    assert len(list(folder.glob("*.bin"))) == 2 and file.read_bytes() == kept
+    if torch.backends.cpu.get_cpu_capability() != "AVX2":  # on an AVX2-only CPU the limit changes nothing
+        limited = rung("avx2", "--max-steps", "1", env=WITHOUT_BF16 | {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "i2")})
+        assert limited["metrics"]["compile_cache"] == "cold" and not limited["metrics"]["cache_file_loaded"]
+        assert len(list(folder.glob("*.bin"))) == 3 and file.read_bytes() == kept
     file.write_bytes(b"not a cache")
     broken = rung("broken", "--max-steps", "1")
-    assert f"compile cache: {file} could not be read: compiling cold" in broken["stdout"]
+    assert f"compile cache: could not read {file}: compiling cold" in broken["stdout"]
     assert "Traceback" not in broken["stderr"] and broken["metrics"]["compile_cache"] == "cold"
     assert file.read_bytes() != b"not a cache"  # written over by what the run compiled
+
 
 # -- The GPU-only rungs: TF32, float8, CUDA graphs -----------------------------------------------------------------
 

@@ -50,6 +50,11 @@ FIRST_BEGIN = (
     "do not edit -->"
 )
 FIRST_END = "<!-- /first screen -->"
+MORE_BEGIN = (
+    "<!-- first screen, in detail: written by bench/pages/pages.py from bench/pages/readme_table.toml and the folders; "
+    "do not edit -->"
+)
+MORE_END = "<!-- /first screen, in detail -->"
 PAGES = REPO / "docs" / "techniques"
 README = REPO / "README.md"
 README_TABLE = REPO / "bench" / "pages" / "readme_table.toml"
@@ -333,16 +338,18 @@ def first_screen_value(cell: dict, folders: Folders) -> str:
     return text.replace(", faster", ", sooner").replace(", slower", ", later") if show == "sooner" else text
 
 
-def first_screen(spec: dict, folders: Folders) -> str:
+def first_screen(spec: dict, folders: Folders, key: str = "text") -> str:
     """The README's first screen between FIRST_BEGIN and FIRST_END: [first_screen]'s text with each {name} replaced
-    by its cell. Raises SystemExit (one line) on a name without a cell."""
+    by its cell; with key "more", its details (the section they link to) between MORE_BEGIN and MORE_END. Raises
+    SystemExit (one line) on a name without a cell."""
     screen = spec.get("first_screen") or {}
     values = {name: first_screen_value(cell, folders) for name, cell in screen.get("cells", {}).items()}
     try:
-        text = screen.get("text", "").strip().format(**values)
+        text = screen.get(key, "").strip().format(**values)
     except (KeyError, IndexError, ValueError) as error:
-        raise SystemExit(f"pages.py: error: {README_TABLE.name} [first_screen]: no cell for {error}")
-    return "\n".join([FIRST_BEGIN, text, FIRST_END])
+        raise SystemExit(f"pages.py: error: {README_TABLE.name} [first_screen] {key}: no cell for {error}")
+    begin, end = (FIRST_BEGIN, FIRST_END) if key == "text" else (MORE_BEGIN, MORE_END)
+    return "\n".join([begin, text, end])
 
 
 def chains_block(src: Path = REPO / "src") -> str:
@@ -438,6 +445,9 @@ def main() -> None:
     spec, folders = load_readme_spec(), Folders(topics)
     new = with_block(readme, readme_table(spec, folders))
     new = between(new, FIRST_BEGIN, FIRST_END, first_screen(spec, folders), "README.md (its first screen)")
+    new = between(
+        new, MORE_BEGIN, MORE_END, first_screen(spec, folders, "more"), "README.md (the first screen's details)"
+    )
     new = between(new, CHAINS_BEGIN, CHAINS_END, chains_block(), "README.md (its chain tree)")
     keep(README, readme, new)
     keep(SCRIPTS_PAGE, SCRIPTS_PAGE.read_text() if SCRIPTS_PAGE.is_file() else "", scripts_page())
