@@ -7,14 +7,14 @@ Inductor keeps what it built in a folder of this machine (TORCHINDUCTOR_CACHE_DI
 other nodes of a job start cold. This script carries the compile in one file, torch's "Mega-Cache": at the end of
 training `torch.compiler.save_cache_artifacts()` packs what this run compiled into bytes, a file in the folder
 --compile-cache; the next run loads it with `torch.compiler.load_cache_artifacts()` before its first compile. On a GPU
-the file holds the graphs with their Triton kernels built (torch bundles them in): nothing is built again. On a CPU it
-holds the graphs and their C++ source, not the built libraries: g++ builds each kernel again, most of a CPU's cold
-start, and there the folder itself is what to keep (docs/techniques/train_compile_cache.md measures both). Dynamo
-traces in every run. The file's name holds what torch's cache keys leave out: the torch version, the device and its
-vector instruction set, the model and the flags that shape its graph.
+the file holds the graphs with their Triton kernels built (torch bundles them in, by its documentation; not measured
+here). On a CPU it holds the graphs and their C++ source, not the built libraries: g++ builds each kernel again, most
+of a CPU's cold start, and there the folder itself is what to keep (docs/techniques/train_compile_cache.md measures
+both). Dynamo traces in every run. The file's name holds what torch's cache keys leave out: the torch version, the
+device and its vector instructions, the model, its input's shape and the flags that shape its graph.
 
     python src/train_compile_cache.py --model gpt                      # cold: compiles, then writes the cache file
-    python src/train_compile_cache.py --model gpt                      # warm, even with an empty Inductor folder
+    python src/train_compile_cache.py --model gpt                      # warm: Inductor's folder and the file
     TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) python src/train_compile_cache.py --model gpt   # the file alone, no folder
     python src/train_compile_cache.py --model vit --compile-regions --compile-cache ckpt/compile-cache
     diff src/train_compile.py src/train_compile_cache.py           # only the lines marked `# new #`
@@ -90,25 +90,30 @@ if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
         f"torch.compile on CPU needs a C++ compiler: {os.environ.get('CXX', 'g++')} not found (apt-get install g++)"
     )
 # new # end
-# new # begin: the cache file's name holds what torch's own cache keys leave out. They hash the graph, its shapes and
-# Inductor's settings, not always the machine: on a CPU, a kernel compiled for AVX512 crashed a run kept at AVX2
-isa = torch.cuda.get_device_name(device) if device.type == "cuda" else torch.backends.cpu.get_cpu_capability()
-key = f"{args.model}-b{args.batch_size}-{args.compile_mode}{'-regions' * args.compile_regions}-{amp_dtype}"
-key = f"{key}-{device.type}-{isa}-torch{torch.__version__}".replace(" ", "_").replace("torch.", "")
+# new # begin: one file per graph the run compiles (model, input shape, batch, flags), named by what torch's cache keys
+# leave out: they hash the graph and Inductor's settings, not the CPU's vector instructions (a kernel compiled for
+# AVX512 crashed a run kept at AVX2). `pick_vec_isa()`, a private module of Inductor, names what it compiles for
+from torch._inductor.cpu_vec_isa import pick_vec_isa
+
+machine = torch.cuda.get_device_name(device) if device.type == "cuda" else str(pick_vec_isa())  # "avx512 avx512_vnni"
+shape = "x".join(map(str, common.input_shape(args)))  # (channels, side) of an image, (vocabulary, tokens) of text
+key = f"{args.model}-{shape}-b{args.batch_size}-{args.compile_mode}{'-regions' * args.compile_regions}"
+key = f"{key}-{str(amp_dtype).removeprefix('torch.')}-{device.type}-{machine}-torch{torch.__version__}"
+key = "".join(c if c.isalnum() or c in "+.-" else "_" for c in key)  # a GPU's name: spaces, maybe a slash
 problem = common.output_problem(args.compile_cache, is_folder=True)  # one that cannot be written: said now
 if problem:
     common.die(f"--compile-cache {args.compile_cache} {problem}")
 cache_file = args.compile_cache / f"{key}.bin"
-logging.getLogger("torch.compiler._cache").setLevel(logging.ERROR)  # a bad file: our one line, not torch's traceback
+logging.getLogger("torch.compiler._cache").setLevel(logging.CRITICAL)  # a bad file: our one line, not a traceback
 loaded = None
-if cache_file.exists():
-    loaded = torch.compiler.load_cache_artifacts(cache_file.read_bytes())  # into Inductor's folders, before compiling
-    if loaded is None:  # not torch's format, cut short, or another torch's: compile cold, and overwrite it at the end
-        print(f"compile cache: {cache_file} could not be read: compiling cold", flush=True)
-    else:
-        print(
-            f"compile cache: {sum(map(len, loaded.artifacts.values()))} artifacts loaded from {cache_file}", flush=True
-        )
+if cache_file.exists():  # the file holds pickles and code Inductor runs: load only a file you would run
+    try:
+        loaded = torch.compiler.load_cache_artifacts(cache_file.read_bytes())  # into Inductor's folders
+    except OSError as error:  # a folder by that name, a file you cannot read, an Inductor folder you cannot write
+        print(f"compile cache: {cache_file}: {error.strerror or error}: compiling cold", flush=True)
+    else:  # None: not torch's format, or cut short: compile cold, and overwrite it at the end
+        found = f"{sum(map(len, loaded.artifacts.values()))} artifacts loaded from" if loaded else "could not read"
+        print(f"compile cache: {found} {cache_file}" + ("" if loaded else ": compiling cold"), flush=True)
 # new # end
 
 # new # begin: NHWC for images; a language model's (N, T) tokens have no channels to reorder
@@ -242,16 +247,22 @@ for epoch in range(start_epoch, args.epochs):
     if step == total_steps:
         break
 
-# new # begin: everything this run compiled (and loaded), packed by torch into bytes, written whole or not at all
+# new # begin: what this run compiled or found in the cache, packed by torch into bytes, written whole or not at all
 if graphs:  # (a run that took no step compiled nothing)
     saved = torch.compiler.save_cache_artifacts()  # (bytes, what it holds) or None
-    if saved is not None:
+    try:
+        if saved is None:
+            raise common.errors.WriteFailed(cache_file, "torch packed no artifact")
         common.io.atomic_write(cache_file, lambda f: f.write(saved[0]))
         print(f"compile cache: {sum(map(len, saved[1].artifacts.values()))} artifacts written to {cache_file} "
               f"({len(saved[0]) / 2**20:.1f} MiB)", flush=True)  # fmt: skip
+    except common.errors.WriteFailed as error:  # a cache is optional: the run's metrics and its exit code come first
+        print(f"compile cache: not written ({error}): the next run compiles cold", flush=True)
 # new # end
 # -- metrics: the closing line, and the metrics JSON with its provenance (--metrics-out) ------------------------
 summary = meter.summary()
+cache_hits = counters["inductor"]["fxgraph_cache_hit"]  # new # Inductor's graphs found in its cache
+cache_misses = counters["inductor"]["fxgraph_cache_miss"]  # new # graphs Inductor compiled in this run
 print(  # new #
     f"torch.compile: {graphs} graph(s) compiled, {max(0, compile_steps - 1)} later step(s) recompiled "
     "(kept out of images/s; TORCH_LOGS=recompiles says why)"
@@ -269,9 +280,10 @@ common.report(
     recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
     compiled_blocks=sum(r is not m for r, m in zip(compiled, model)) if args.compile_regions else None,  # new #
-    compile_cache="warm" if loaded is not None else "cold",  # new # artifacts loaded at the start, or none
-    cache_hits=counters["inductor"]["fxgraph_cache_hit"],  # new # Inductor graphs found compiled
-    cache_misses=counters["inductor"]["fxgraph_cache_miss"],  # new # graphs Inductor compiled in this run
+    cache_file_loaded=loaded is not None,  # new # a file read at the start
+    compile_cache="warm" if cache_hits and not cache_misses else "partly warm" if cache_hits else "cold",  # new #
+    cache_hits=cache_hits,  # new #
+    cache_misses=cache_misses,  # new #
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
 if args.model in common.TEXT_MODELS and args.sample_chars and preemption.stopped_at is None:  # what the GPT learned
