@@ -11,9 +11,11 @@ before, save after). A preparatory cold run of each configuration writes the fil
 starts copy. Then --rounds rounds, each running every start of a configuration and a second cold one (the self
 pair, the noise floor), in an order that reverses from round to round. Measured per run: seconds from the launch to
 the end of the first step (start-up, data, compile), the first step alone (`first_step_s`), and with --to-target the
-GPT's time to 1.70 with compile included. Writes runs.csv, table.md, env.json and logs/ (every run's output) to --out.
+GPT's time to 1.70 with compile included; for the rung, Inductor's cache hits and misses (a file start should miss
+nothing; train_fast.py's metrics do not count them). Writes runs.csv, table.md, env.json and logs/ (every run's
+output) to --out.
 
-    python bench/studies/compile_cold_start.py --out results/compile-cold-start-DATE     # about 40 minutes on 2 cores
+    python bench/studies/compile_cold_start.py --out results/compile-cold-start-DATE     # about 45 minutes on 2 cores
     python bench/studies/compile_cold_start.py --configs compile-gpt --rounds 1 --no-to-target --out /tmp/cold
 """
 
@@ -112,7 +114,8 @@ def measure(name, script, flags, rounds, out, work, rows, lines):
                    "time_to_target_s": m.get("time_to_target_s"),
                    "time_to_target_incl_compile_s": m.get("time_to_target_incl_compile_s"),
                    "steps_to_target": m.get("steps_to_target"),
-                   "graphs_compiled": m.get("graphs_compiled"), "cache_file_mib": round(file_mib, 2),
+                   "graphs_compiled": m.get("graphs_compiled"), "cache_hits": m.get("cache_hits"),
+                   "cache_misses": m.get("cache_misses"), "cache_file_mib": round(file_mib, 2),
                    "inductor_folder_mib": round(folder_mib, 2)}  # fmt: skip
             rows.append(row)
             lines.append(", ".join(f"{k} {v}" for k, v in row.items()))
