@@ -111,8 +111,9 @@ def test_tree_shows_the_chains_and_the_readme_has_it():
     text = check_markers.tree()
     assert text.startswith("train.py\n") and text.endswith("loader.py\n└── loader_DALI.py")
     assert (
-        "├── train_amp.py\n│   └── train_channels_last.py\n│       └── train_compile.py\n│           ├── train_fast.py"
-        "\n│           │   └── train_cuda_graphs.py\n│           └── train_float8.py" in text
+        "├── train_amp.py\n│   └── train_channels_last.py\n│       └── train_compile.py\n│           ├── "
+        "train_compile_cache.py\n│           ├── train_fast.py\n│           │   └── train_cuda_graphs.py\n│           └── "
+        "train_float8.py" in text
     )
     assert sorted(check_markers.in_tree_order()) == sorted(p.name for p in check_markers.scripts())
     assert text in (REPO / "README.md").read_text()  # the README shows the same tree (bench/pages/pages.py writes it)

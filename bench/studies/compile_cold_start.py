@@ -17,6 +17,7 @@ output) to --out.
 
     python bench/studies/compile_cold_start.py --out results/compile-cold-start-DATE     # about 45 minutes on 2 cores
     python bench/studies/compile_cold_start.py --configs compile-gpt --rounds 1 --no-to-target --out /tmp/cold
+    python bench/studies/compile_cold_start.py --out results/compile-cold-start-DATE --tables-only   # table.md again
 """
 
 import argparse
@@ -144,13 +145,52 @@ def table(runs: pd.DataFrame, column: str) -> str:
     return pd.DataFrame(out).to_markdown(index=False)
 
 
+def tables(runs: pd.DataFrame, env: dict, out: Path) -> str:
+    """table.md's text from runs.csv's rows and env.json: the command that made them (read back from the rows), the
+    hardware, the folder's noise floor (the widest of the starts' self pairs, seconds to the first step: what
+    results/README.md reads) and the three tables."""
+    configs = [c for c in dict.fromkeys(runs["config"]) if c in CONFIGS]
+    rounds, to_target = int(runs["round"].max()), runs["time_to_target_s"].notna().any()
+    short = runs[runs["time_to_target_s"].isna()]
+    floors = [noise_floor(ratios(g, "launch_to_first_step_s", "cold again")) for _, g in short.groupby("config")]
+    floor = max((f for f in floors if f is not None), default=None)
+    text = (f"# Compile's cold start, cold against warm\n\n`python bench/studies/compile_cold_start.py --configs "
+            f"{','.join(configs)} --rounds {rounds}{'' if to_target else ' --no-to-target'} --out {out}`.\n\n"
+            f"{hardware_line(env)}\n\n"
+            + (f"Noise floor: ±{100 * floor:.1f} %, the widest of the configurations' self pairs (a cold start against "
+               "a second cold start, seconds to the end of the first step); each row's own is in its column, and "
+               "train_fast.py's time to 1.70 has its own below.\n\n" if floor is not None else "")
+            + f"Each start in {rounds} rounds, its order reversed from round to round, "
+            "every run with an Inductor folder of its own. cold: empty folder, no cache file; file: empty folder and "
+            "the compile cache file (torch's Mega-Cache) of a preparatory run; folder: that run's Inductor folder. "
+            "Ratios: the cold run's seconds over the warm start's in the same round (above 1: the warm start is "
+            "sooner), median (min–max); the noise floor from cold against a second cold run.\n\n"
+            "## Seconds from the launch to the end of the first step\n\n" + table(short, "launch_to_first_step_s")
+            + "\n\n## The first step alone (the compile)\n\n" + table(short, "first_step_s"))  # fmt: skip
+    target = runs[runs["time_to_target_s"].notna()]
+    if len(target):
+        text += ("\n\n## train_fast.py's GPT to 1.70 nats per character, compile included\n\n"
+                 + table(target, "time_to_target_incl_compile_s")
+                 + "\n\nTraining alone (compile left out), the same runs:\n\n" + table(target, "time_to_target_s"))  # fmt: skip
+    return text + "\n"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
     parser.add_argument("--rounds", type=common.positive_int, default=3, help="rounds of cold, file, folder, cold")
     parser.add_argument("--no-to-target", action="store_true", help="leave out train_fast.py's GPT to 1.70")
     parser.add_argument("--out", type=Path, required=True, help="folder for runs.csv, table.md, env.json and logs/")
+    parser.add_argument("--tables-only", action="store_true", help="table.md again from --out's runs.csv and env.json")
     args = parser.parse_args()
+    if args.tables_only:
+        try:
+            runs, env = pd.read_csv(args.out / "runs.csv"), json.loads((args.out / "env.json").read_text())
+        except (OSError, ValueError) as error:
+            parser.error(f"--tables-only needs {args.out}/runs.csv and env.json from an earlier run ({error})")
+        common.io.atomic_write_text(args.out / "table.md", tables(runs, env, args.out))
+        print(f"{args.out}/table.md", flush=True)
+        return
     configs = args.configs.split(",")
     if unknown := [c for c in configs if c not in CONFIGS]:
         parser.error(f"--configs: unknown {', '.join(unknown)} (expected {', '.join(CONFIGS)})")
@@ -164,23 +204,8 @@ def main() -> None:
             measure("fast-gpt-to-1.70", *TO_TARGET, args.rounds, args.out, Path(work), rows, lines)
     runs = pd.DataFrame(rows)
     env = common.env.environment()
-    short = runs[runs["time_to_target_s"].isna()]
-    text = (f"# Compile's cold start, cold against warm\n\n`python bench/studies/compile_cold_start.py --configs "
-            f"{args.configs} --rounds {args.rounds}{' --no-to-target' * args.no_to_target} --out {args.out}`.\n\n"
-            f"{hardware_line(env)}\n\nEach start in {args.rounds} rounds, its order reversed from round to round, "
-            "every run with an Inductor folder of its own. cold: empty folder, no cache file; file: empty folder and "
-            "the compile cache file (torch's Mega-Cache) of a preparatory run; folder: that run's Inductor folder. "
-            "Ratios: the cold run's seconds over the warm start's in the same round (above 1: the warm start is "
-            "sooner), median (min–max); the noise floor from cold against a second cold run.\n\n"
-            "## Seconds from the launch to the end of the first step\n\n" + table(short, "launch_to_first_step_s")
-            + "\n\n## The first step alone (the compile)\n\n" + table(short, "first_step_s"))  # fmt: skip
-    target = runs[runs["time_to_target_s"].notna()]
-    if len(target):
-        text += ("\n\n## train_fast.py's GPT to 1.70 nats per character, compile included\n\n"
-                 + table(target, "time_to_target_incl_compile_s")
-                 + "\n\nTraining alone (compile left out), the same runs:\n\n" + table(target, "time_to_target_s"))  # fmt: skip
     common.io.atomic_write_text(args.out / "runs.csv", runs.to_csv(index=False))
-    common.io.atomic_write_text(args.out / "table.md", text + "\n")
+    common.io.atomic_write_text(args.out / "table.md", tables(runs, env, args.out))
     common.io.atomic_write_text(args.out / "env.json", json.dumps(env, indent=2) + "\n")
     common.io.atomic_write_text(args.out / "log.txt", "\n".join(lines) + "\n")
     print(f"{args.out}/table.md", flush=True)
