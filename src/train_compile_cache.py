@@ -60,8 +60,8 @@ parser.add_argument(  # new #
     "--compile-cache",
     type=Path,
     default=Path(".cache/compile"),
-    help="the folder of compile caches: one file per model, batch, flags, device, instruction set and torch version, "
-    "loaded at the start if it exists and written at the end of training",
+    help="the folder of compile caches: one file per model, input shape, batch, flags, device, instruction set and "
+    "torch version, loaded at the start if it exists and written at the end of training",
 )
 args = common.parse_args(parser)
 generator = common.seed_everything(args.seed, args.deterministic)
@@ -90,7 +90,7 @@ if device.type == "cpu" and shutil.which(os.environ.get("CXX", "g++")) is None:
         f"torch.compile on CPU needs a C++ compiler: {os.environ.get('CXX', 'g++')} not found (apt-get install g++)"
     )
 # new # end
-# new # begin: one file per graph the run compiles (model, input shape, batch, flags), named by what torch's cache keys
+# new # begin: one file per set of graphs a run compiles (model, input shape, batch, flags), named by what torch's keys
 # leave out: they hash the graph and Inductor's settings, not the CPU's vector instructions (a kernel compiled for
 # AVX512 crashed a run kept at AVX2). `pick_vec_isa()`, a private module of Inductor, names what it compiles for
 from torch._inductor.cpu_vec_isa import pick_vec_isa
