@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "bench"), str(REPO / "src")]  # results_index, cells, common
 
 import check_markers  # noqa: E402
-from cells import fmt, ips_cell, pair_cell, peak_cells  # noqa: E402
+from cells import fmt, ips_cell, pair_cell, peak_cells, rate_text  # noqa: E402
 from pairs import NOISY_FLOOR  # noqa: E402
 from results_index import floor_pct, load_topics, machine  # noqa: E402
 
@@ -193,10 +193,7 @@ def cell_value(cell: dict, folders: Folders) -> str:
     rates as the tables round them; ratios with their min–max and the verdict the folder's floor allows."""
     r, show = folders.row(cell["topic"], cell["config"]), cell["show"]
     if show == "rate":
-        tokens = r.get("tokens_per_sample")
-        if pd.notna(tokens) and tokens > 0:
-            return fmt(r["images_per_s"], ",.0f", tokens) + " tokens/s"
-        return fmt(r["images_per_s"], ",.1f") + " images/s"
+        return rate_text(r)  # tokens/s for a language model, images/s for the others
     if show in ("ratio", "x_train", "sooner"):
         column = {"x_train": "speedup", "sooner": "x_target"}.get(show) or next(
             (c for c in RATIO_COLUMNS if pd.notna(r.get(c))), None
