@@ -133,7 +133,7 @@ if args.resume and checkpoint.exists():
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
 # -- training -----------------------------------------------------------------------------------------------------
-meter = common.Meter(device, args.warmup_steps)
+meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #

@@ -174,7 +174,7 @@ def write_last(full: dict | None, epochs_done: int, done_step: int, records: lis
 
 # new # end
 # -- training -----------------------------------------------------------------------------------------------------
-meter = common.Meter(device, args.warmup_steps)
+meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #

@@ -195,7 +195,7 @@ def finish_save() -> None:
 
 # new # end
 # -- training -----------------------------------------------------------------------------------------------------
-meter = common.Meter(device, args.warmup_steps)
+meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #

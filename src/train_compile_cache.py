@@ -191,7 +191,7 @@ if args.resume and checkpoint.exists():
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
 # -- training -----------------------------------------------------------------------------------------------------
-meter = common.Meter(device, args.warmup_steps)
+meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
 graphs = counters["stats"]["unique_graphs"]  # new # graphs compiled before training (0); a private API of Dynamo
 compile_steps = 0  # new # steps that compiled a graph: the first one, then any recompile
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143

@@ -145,7 +145,7 @@ if args.resume and checkpoint.exists():
 scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total_steps=total_steps, last_epoch=step - 1)
 
 # -- training -----------------------------------------------------------------------------------------------------
-meter = common.Meter(devices, args.warmup_steps)  # new # synchronise both stages' devices at the window edges
+meter = common.Meter(devices, args.warmup_steps, target=common.target_probe(args, model))  # new # both stages' devices
 preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):

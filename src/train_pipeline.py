@@ -157,7 +157,7 @@ if not master:  # new # the other ranks keep only their stages: the others' memo
 
 
 # -- training -----------------------------------------------------------------------------------------------------
-meter = common.Meter(device, args.warmup_steps, schedule)  # new # this process's device, and its bubble
+meter = common.Meter(device, args.warmup_steps, schedule, target=common.target_probe(args, model))  # new # its bubble
 preemption = common.Preemption(master)  # new # SIGTERM: stop at the step boundary; the last rank says where it saved
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)

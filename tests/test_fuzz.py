@@ -381,10 +381,9 @@ def idx_damage(raw_gz: bytes):
     return st.one_of(damaged(raw_gz), inner)
 
 
-def test_fashion_mnist_files_of_any_bytes(idx_files, tmp_path, capsys, request, monkeypatch):
+def test_fashion_mnist_files_of_any_bytes(idx_files, tmp_path, capsys, request):
     """One of the four Fashion-MNIST files damaged any way: load_data exits with one line naming it (or, where the
     damage left a valid file, loads it)."""
-    monkeypatch.setattr(common.target, "ACTIVE", None)
     strategy = st.sampled_from(sorted(idx_files)).flatmap(
         lambda name: st.tuples(st.just(name), idx_damage(idx_files[name]))
     )
@@ -566,7 +565,6 @@ def test_a_numeric_flag_of_any_value(tmp_path, capsys, request, monkeypatch):
     seed seeds Python, NumPy and torch; the numbers are finite), or argparse's usage error (one error line, exit
     2)."""
     monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # parse_args installs the one-line hook: put it back after
-    monkeypatch.setattr(common.target, "ACTIVE", None)
     state = (random.getstate(), np.random.get_state(), torch.get_rng_state())
 
     def check(case):
@@ -590,7 +588,6 @@ def test_a_numeric_flag_of_any_value(tmp_path, capsys, request, monkeypatch):
         explore(request, st.tuples(st.sampled_from(NUMERIC_FLAGS), VALUES), check, examples=300, known=found)
     finally:
         random.setstate(state[0]), np.random.set_state(state[1]), torch.set_rng_state(state[2])
-        common.target.configure(argparse.Namespace(target_loss=None))
 
 
 # -- the bench's inputs ------------------------------------------------------------------------------------------

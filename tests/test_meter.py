@@ -27,7 +27,7 @@ def test_meter_leaves_warmup_and_evaluation_out(monkeypatch):
 
     meter = common.Meter(torch.device("cpu"), warmup_steps=2)
     meter.resume()
-    for seconds in [0.3, 0.3, 0.02, 0.02, 0.02, 0.02]:
+    for seconds in [0.3, 0.3, 0.02, 0.02, 0.02, 0.02]:  # the second, the probe step, within the warm-up
         for _ in meter.loader(batches(1)):
             clock[0] += seconds
             meter.step(10)
@@ -48,9 +48,10 @@ def test_meter_leaves_warmup_and_evaluation_out(monkeypatch):
 def test_meter_keeps_a_step_marked_unmeasured_out_of_the_window(monkeypatch):
     """train_compile.py marks a step that recompiled `measured=False`: its seconds, images and step time are left
     out, and the window goes on after it. A fake clock makes the arithmetic exact: 10 ms per step, 5 s for the
-    recompiling step."""
+    recompiling step. Without the probe step (METER_PROBE=0), which the next test keeps out."""
     clock = [0.0]
     monkeypatch.setattr(common.meter.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setenv("METER_PROBE", "0")
     meter = common.Meter(torch.device("cpu"), warmup_steps=1)
     meter.resume()
     for seconds, measured in [(2.0, True), (0.01, True), (0.01, True), (5.0, False), (0.01, True), (0.01, True)]:
@@ -61,6 +62,31 @@ def test_meter_keeps_a_step_marked_unmeasured_out_of_the_window(monkeypatch):
     assert stats["excluded_steps"] == 1 and stats["measured_steps"] == 4  # the warm-up and the recompile left out
     assert stats["images_per_s"] == pytest.approx(4 * 8 / 0.04)  # 32 images in 40 ms, not in 5.04 s
     assert stats["step_ms_p50"] == pytest.approx(10) and stats["windows"] == 2
+
+
+def test_the_probe_step_runs_eagerly_is_counted_and_stays_out_of_the_window(monkeypatch):
+    """The meter's probe step is the second: only it runs under torch.compiler's force_eager stance (so no compiled
+    frame ever runs under the FLOP counter or the saved-tensor hooks), only its matmul is counted (2 x 4 x 8 x 16
+    FLOPs for its 4 images) and its activations (the matmul's input, tanh's output: float32), and it is kept out of images/s even with --warmup-steps 1: 10 ms
+    per step, 3 s for the probe step, on a fake clock."""
+    clock = [0.0]
+    monkeypatch.setattr(common.meter.time, "perf_counter", lambda: clock[0])
+    meter = common.Meter(torch.device("cpu"), warmup_steps=1)
+    weight = torch.randn(8, 16, requires_grad=True)
+    stances = []
+    meter.resume()
+    for seconds in [2.0, 3.0, 0.01, 0.01, 0.01]:
+        for _ in meter.loader([None]):
+            stances.append(torch._dynamo.eval_frame._stance.stance)
+            (torch.randn(4, 8) @ weight).tanh().sum()  # a matmul (counted once): its input saved, and tanh's output
+            clock[0] += seconds
+            meter.step(4)
+    stats = meter.summary()
+    assert stances == ["default", "force_eager", "default", "default", "default"]
+    assert torch._dynamo.eval_frame._stance.stance == "default"
+    assert stats["flops_per_image"] == 2 * 4 * 8 * 16 / 4 and stats["activation_mib"] == (4 * 8 + 4 * 16) * 4 / 2**20
+    assert stats["excluded_steps"] == 1 and stats["measured_steps"] == 3
+    assert stats["images_per_s"] == pytest.approx(3 * 4 / 0.03)  # 12 images in 30 ms, the probe's 3 s left out
 
 
 def test_the_blocked_step_time_is_the_median_block_and_ignores_one_disturbed_block():

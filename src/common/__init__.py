@@ -19,21 +19,20 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     optim       Muon: torch.optim.Muon, its Newton-Schulz in a dtype of choice; newton_schulz      []
     seeding     seed_everything (and --deterministic), seed_worker (DataLoader workers)             []
     data        Fashion-MNIST (find_fashion_mnist, read_idx, load_data), the text's (load_data),    [env, errors,
-                synthetic_data, input_shape                                                         models, target,
-                                                                                                     text]
+                synthetic_data, input_shape                                                         models, text]
     images      the loaders' ImageFolder: image_folders, load_rgb, find_non_image                   [errors]
     dali        loader.py's pipeline as one DALI graph (image_pipeline) and DALILoader, its batches [errors, images]
                 as a DataLoader's; require_dali (the lazy import: one line when not installed)
     models      build_model (cnn, mlp, resnet18, resnet50, vit, gpt, gpt2, gpt-wide), MODELS,       [gpt, vit]
-                TEXT_MODELS, vit_patch_size; watch (what a measurement asks of each GPT built)
+                TEXT_MODELS, vit_patch_size
     vit         the ViT and the transformer block the GPT shares (causal or not)                    []
     gpt         the GPT (token + position embeddings, causal blocks, LM head), GPT_CONFIGS          [vit]
     text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
-    target      --target-loss: the probe of a held-out sample's loss every K steps, clock stopped   [errors, models]
-                (configure, which asks models.watch for the model; watch_heldout, after_step, fields)
+    target      --target-loss: the probe of a held-out sample's loss every K steps, clock stopped   [errors, models,
+                (target_probe, which a script hands its Meter; check, record, fields)                text]
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
-                gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's),       [target]
+                gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's),       []
                 flop_counter (every FLOP count's: causal attention as the causal kernel runs it)
     runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, device, env,
@@ -97,6 +96,7 @@ from .models import TEXT_MODELS, build_model
 from .optim import Muon
 from .preemption import Preemption, init_worker
 from .seeding import seed_everything, seed_worker
+from .target import target_probe
 from .text import generate
 from .vit import ViT
 
@@ -145,4 +145,5 @@ __all__ = [
     "seed_worker",
     "sync_stages",
     "synthetic_data",
+    "target_probe",
 ]

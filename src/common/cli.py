@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from .checkpoint import lock_checkpoint_dir
-from .data import DEBIAN_FASHION_MNIST
+from .data import DEBIAN_FASHION_MNIST, TEXT_VOCAB
 from .env import REPO
 from .errors import die, install_error_hook, one_line
 from . import target
@@ -132,6 +132,14 @@ def get_parser(doc: str | None = None, datasets: tuple[str, ...] = ("fashion-mni
         type=positive_int,
         default=64,
         help="--model gpt / gpt2: tokens of context per sample (blocks of seq-len + 1 characters)",
+    )
+    p.add_argument(
+        "--vocab-size",
+        type=positive_int,
+        default=None,
+        help="--model gpt / gpt2: rows of the token embedding and outputs of the head (default: the corpus's 84 "
+        "characters); 50257 gives GPT-2's head and loss their real size (the tokens stay characters: the other ids "
+        "are never inputs or targets)",
     )
     p.add_argument(
         "--image-size",
@@ -343,6 +351,11 @@ def parse_args(parser: argparse.ArgumentParser, recipe: dict[str, dict] | None =
         parser.error("--resume needs --checkpoint-dir (the folder that holds last.pt)")
     if getattr(args, "dataset", None) == "fashion-mnist" and args.image_size not in (None, 28):
         parser.error("--image-size applies to --dataset synthetic; Fashion-MNIST images are 28 x 28")
+    if getattr(args, "vocab_size", None) is not None:
+        if args.model not in TEXT_MODELS:
+            parser.error(f"--vocab-size is a language model's; --model {args.model} has classes, not a vocabulary")
+        if args.vocab_size < TEXT_VOCAB:
+            parser.error(f"--vocab-size {args.vocab_size} is below the corpus's {TEXT_VOCAB} characters")
     if args.model in TEXT_MODELS and getattr(args, "image_size", None) is not None:
         parser.error(f"--image-size is for images; --model {args.model} reads --seq-len tokens")
     if args.model == "vit":
@@ -359,7 +372,7 @@ def parse_args(parser: argparse.ArgumentParser, recipe: dict[str, dict] | None =
         problem = output_problem(path, is_folder) if path is not None else None
         if problem:
             die(f"{flag} {path} {problem}")
-    target.configure(args)  # --target-loss: the probe (common/target.py), or one line and exit
+    target.check(args)  # --target-loss: one line and exit where no probe can run (common/target.py)
     if args.checkpoint_dir is not None:  # the folder's lock, and --resume with something to resume
         check_checkpoint_dir(args.checkpoint_dir, args.resume)
     return args

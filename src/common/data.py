@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import target, text
+from . import text
 from .env import REPO
 from .errors import die
 from .models import TEXT_MODELS
@@ -188,7 +188,6 @@ def load_data(args: argparse.Namespace):
             )
         if len(train_set) < args.batch_size:
             die(f"--batch-size {args.batch_size} is larger than the {len(train_set)} training blocks; lower it")
-        target.watch_heldout(test_set)  # --target-loss: the probe's fixed sample comes from these blocks
         return train_set, test_set
     try:
         folder = find_fashion_mnist(args.data_dir)
@@ -232,7 +231,7 @@ def synthetic_data(args: argparse.Namespace, device: torch.device, seed: int = 0
 
 def input_shape(args: argparse.Namespace) -> tuple[int, int]:
     """(channels, side) of the images `--dataset` gives: Fashion-MNIST 1 x 28 x 28, synthetic 3 x S x S; for a text
-    model (vocabulary size, context): the corpus's 84 characters and --seq-len tokens."""
+    model (vocabulary size, context): the corpus's 84 characters (or --vocab-size) and --seq-len tokens."""
     if args.model in TEXT_MODELS:
-        return TEXT_VOCAB, args.seq_len
+        return getattr(args, "vocab_size", None) or TEXT_VOCAB, args.seq_len
     return (1, 28) if args.dataset == "fashion-mnist" else (3, args.image_size or 224)

@@ -12,6 +12,7 @@ recompute): `flops_per_token_palm` in a GPT's metrics (common/metrics.py's `text
 
 from __future__ import annotations
 
+import os
 import resource
 import statistics
 import time
@@ -20,9 +21,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.flop_counter import FlopCounterMode, sdpa_backward_flop_count, sdpa_flop_count
 
-from . import target
-
 GIB = 1024**3
+PROBE_STEP = 2  # the meter's probe step: the second (the first is where torch.compile compiles)
 
 
 class _TotalOnly:
@@ -155,33 +155,40 @@ class Meter:
       between two steps counts, so K micro-batches per step are all counted).
     - first step (s): host seconds from the start of training to the end of the first step: where torch.compile
       compiles, cuDNN autotunes and DataLoader workers start.
-    - activation memory (MiB): what autograd keeps for backward, measured, not estimated, on the first batch the
-      loader yields (one micro-batch under gradient accumulation): from that batch's arrival to the next `next()`,
-      `step()` or `pause()`, a `torch.autograd.graph.saved_tensors_hooks` pack hook records the storage of every
-      tensor saved for backward, except parameters and views of them (leaves that require grad, e.g. the `weight.t()`
-      nn.Linear saves; autocast's low-precision copies of them do count), and the distinct storages' bytes are
-      summed. All of them are alive together at the end of the
-      forward. Under activation checkpointing, torch.utils.checkpoint saves a block's inputs here and the tensors of
-      its recompute under its own inner hooks, which are not counted: they live only during that block's backward.
-    - training FLOPs per image: `flop_counter()` (torch.utils.flop_counter's FlopCounterMode) from the arrival of the
-      second step's batch to `step()` (all its micro-batches), divided by its images: forward and backward matmuls,
-      convolutions and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and AdamW's update
-      are not counted; Muon's Newton-Schulz matmuls are, as an activation-checkpointing recompute is: the FLOPs that
-      ran, not the model's), causal SDPA over the lower triangle of its T x T scores whatever its kernel computed
-      (FlashAttention-2's counting convention; the written-out attention computes them all and counts them all: see
-      `flop_counter`).
+    - the probe step (the second step, PROBE_STEP): the instrument's own step, never a timed one. It runs eagerly
+      (`torch.compiler.set_stance("force_eager")`: torch.compile's frames are not entered, so Dynamo never sees
+      the counters, and the timed steps run the very frames a run without the probe runs, compiled at the first
+      step; on torch 2.11 a frame first reached under a dispatch mode runs eagerly for good, pytorch#190286), and
+      is kept out of images/s and step times (`excluded_steps` counts it once the window is open). It is the
+      script's own step (its autocast, its optimizer, its micro-batches), on the run's model: the instrument
+      changes nothing that is trained. METER_PROBE=0 in the environment runs without it (no FLOPs, no activations).
+    - activation memory (MiB): what autograd keeps for backward, measured, not estimated, on the probe step's first
+      batch (one micro-batch under gradient accumulation): from that batch's arrival to the next `next()`, `step()`
+      or `pause()`, a `torch.autograd.graph.saved_tensors_hooks` pack hook records the storage of every tensor saved
+      for backward, except parameters and views of them (leaves that require grad, e.g. the `weight.t()` nn.Linear
+      saves; autocast's low-precision copies of them do count), and the distinct storages' bytes are summed. All of
+      them are alive together at the end of the forward. Under activation checkpointing, torch.utils.checkpoint
+      saves a block's inputs here and the tensors of its recompute under its own inner hooks, which are not counted:
+      they live only during that block's backward. The probe step is eager: a compiled model's partitioner may keep
+      fewer tensors than its eager model (peak memory shows it), the figure is the model's as written.
+    - training FLOPs per image: `flop_counter()` (torch.utils.flop_counter's FlopCounterMode) over the probe step,
+      from its batch's arrival to `step()` (all its micro-batches), divided by its images: forward and backward
+      matmuls, convolutions and attention as they ran (a multiply-add counts 2; elementwise ops, the loss and AdamW's
+      update are not counted; Muon's Newton-Schulz matmuls are, as an activation-checkpointing recompute is: the
+      FLOPs that ran, not the model's), causal SDPA over the lower triangle of its T x T scores whatever its kernel
+      computed (FlashAttention-2's counting convention; the written-out attention computes them all and counts them
+      all: see `flop_counter`).
       Batches of varying length (`step(..., tokens=)`): the step's FLOPs per real token, pads' work included, times the
       window's real tokens per sample (the counted batch's width stands for the window's: attention's share is
       approximate). DataParallel's replicas run their forward in threads the counter does not see (train_DP.py reports
-      none on 2+ GPUs). The second step, not the first: a compiled model compiles at its first call, and under the
-      counter it would run eagerly and compile a step later. That step runs slower (Python sees every op): it is a
-      warm-up step unless --warmup-steps is below 2.
+      none on 2+ GPUs). A run of one step has no probe step: no FLOPs, no activations.
     """
 
-    def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10, schedule=None):
+    def __init__(self, device: torch.device | list[torch.device], warmup_steps: int = 10, schedule=None, target=None):
         self.devices = list(device) if isinstance(device, (list, tuple)) else [device]  # all are synchronised
         self.device, self.warmup_steps = self.devices[0], warmup_steps
         self.clock = StageClock(schedule, self.device) if schedule is not None else None  # a pipeline's bubble
+        self.target = target  # --target-loss's probe (common.target_probe), run at the end of every K-th step
         self.steps = 0  # all steps, warm-up included
         self.images = 0  # images inside the window(s)
         self.windows = 0  # windows opened: more than one means epoch edges (or evaluations) fall between them
@@ -198,7 +205,10 @@ class Meter:
         self._all_images = 0
         self.activation_bytes = None  # measured on the first batch
         self._saved_hooks, self._storages = None, {}
-        self.flops_per_image = None  # counted on the second step
+        self.flops_per_image = None  # counted on the probe step
+        self.probe = os.environ.get("METER_PROBE", "1") != "0"  # 0: no probe step (tests compare runs without it)
+        self.probed = False  # the probe step has begun
+        self._eager = None  # the probe step's torch.compiler.set_stance("force_eager"), while it runs
         self.tokens_per_sample = None  # a language model's batch: (N, T) int64 tokens, T of them per sample
         self.window_tokens = 0  # real tokens inside the window(s), when step() is given them
         self._all_tokens = 0  # real tokens of all steps, when step() is given them (the progress line)
@@ -234,6 +244,16 @@ class Meter:
             self._saved_hooks = None
             self.activation_bytes = sum(self._storages.values())
 
+    def _end_probe(self) -> int | None:
+        """Close the probe step (its counter and its eager stance), if one is open; its FLOPs, or None."""
+        self._stop_counting()
+        if self._flop_counter is None:
+            return None
+        self._flop_counter.__exit__(None, None, None)
+        self._eager.__exit__(None, None, None)
+        flops, self._flop_counter, self._eager = self._flop_counter.get_total_flops(), None, None
+        return flops
+
     def loader(self, iterable):
         """Yield from `iterable`, timing how long each `next()` blocks (the data-wait); while the consumer works on
         the first batch, count the tensors autograd saves for backward (the activation memory)."""
@@ -249,12 +269,14 @@ class Meter:
             inputs = batch[0] if isinstance(batch, (tuple, list)) else None
             if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and not inputs.is_floating_point():
                 self.tokens_per_sample = inputs.size(1)  # text: throughput in tokens/s, as language models count
-            if self.activation_bytes is None and self._saved_hooks is None:
-                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
-                self._saved_hooks.__enter__()
-            if self.steps == 1 and self.flops_per_image is None and self._flop_counter is None:
+            if self.steps == PROBE_STEP - 1 and self.probe and self._flop_counter is None and not self.probed:
+                self.probed = True  # the probe step: eager (torch.compile's frames are not entered), then counted
+                self._eager = torch.compiler.set_stance("force_eager")
+                self._eager.__enter__()
                 self._flop_counter = flop_counter()  # until step(): every micro-batch of the step
                 self._flop_counter.__enter__()
+                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+                self._saved_hooks.__enter__()  # until the next next(): the step's first micro-batch
             yield batch
 
     def step(self, n_images: int, measured: bool = True, tokens: int | None = None) -> None:
@@ -265,17 +287,17 @@ class Meter:
         a step in which torch.compile recompiled): the window closes at the previous step's end and a new one opens
         at this step's end. On a GPU, work the previous steps left queued finishes inside that step and is left out
         too (at most a few steps' worth against the seconds of a compile); `excluded_steps` in the summary counts such
-        steps. Under --target-loss, every K-th step ends with the probe (common/target.py), the clock stopped."""
+        steps. With a `target` probe (--target-loss), every K-th step ends with it, the clock stopped."""
         self._step(n_images, measured, tokens)
-        target.after_step(self)
+        if self.target is not None:
+            self.target.after_step(self)
 
     def _step(self, n_images: int, measured: bool, tokens: int | None) -> None:
-        self._stop_counting()
-        if self._flop_counter is not None:
-            self._flop_counter.__exit__(None, None, None)
-            flops, self._flop_counter = self._flop_counter.get_total_flops(), None
+        flops = self._end_probe()
+        if flops is not None:  # this was the probe step: eager, so it stays out of images/s however long it took
             self.flops_per_image = flops / n_images if flops else 0.0
             self._flops_per_token = flops / tokens if tokens and flops else None  # varying lengths: see summary()
+            measured = False
         self.steps += 1
         self._all_images += n_images
         self._all_tokens += tokens or 0
@@ -317,10 +339,7 @@ class Meter:
 
     def pause(self) -> None:
         """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
-        self._stop_counting()
-        if self._flop_counter is not None:  # the loop left before the counted step's end (SIGTERM): nothing counted
-            self._flop_counter.__exit__(None, None, None)
-            self._flop_counter = None
+        self._end_probe()  # the loop left before the probe step's end (SIGTERM): nothing counted
         now = self._sync()
         if self._t_start is not None:
             self.window_s += now - self._t_start
@@ -352,8 +371,8 @@ class Meter:
     def summary(self) -> dict:
         """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, step_ms_blocked and
         step_blocks_spread (`blocked`), data_wait_frac,
-        measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB; None when no batch was trained),
-        flops_per_image (None when the run had one step, or no model), peak memory (GiB, `memory_stats`), and
+        measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB) and flops_per_image (None when
+        the run had no probe step: one step, or METER_PROBE=0), peak memory (GiB, `memory_stats`), and
         train_started_unix / train_stopped_unix (the wall clock, s since the epoch, at the first `resume()` and the
         last `pause()`: the bench splits a run's time outside training into start-up and what follows)."""
         self.pause()
@@ -388,6 +407,7 @@ class Meter:
             "flops_per_image": self._flops_per_sample() or None,
             **memory_stats(),
             **({"bubble_measured": self.clock.idle_share(self.warmup_steps)} if self.clock else {}),
+            **({"target": self.target.record()} if self.target is not None else {}),  # report() turns it into metrics
         }
 
 

@@ -99,9 +99,27 @@ def text_flops(args: argparse.Namespace, params: int | None, seq_len: int, count
     if shape is None or params is None:
         return {"flops_per_token": counted / seq_len if counted else None}
     depth, width = shape["depth"], shape["width"]
-    embeddings = (TEXT_VOCAB + args.seq_len) * width  # the position table: --seq-len rows (T: the mean sample)
+    vocab = getattr(args, "vocab_size", None) or TEXT_VOCAB  # the token table's rows
+    embeddings = (vocab + args.seq_len) * width  # the position table: --seq-len rows (T: the mean sample)
     palm = 6 * (params - embeddings) + 12 * depth * width * seq_len
     return {"flops_per_token": counted / seq_len if counted else None, "flops_per_token_palm": palm}
+
+
+def dynamo_counters() -> dict | None:
+    """What torch.compile did in this process, from Dynamo's own counters (torch._dynamo.utils.counters): frames
+    (total, ok), stats (unique_graphs, calls_captured, ...), graph_breaks (how many), recompiles (unique graphs beyond
+    the first per frame are not told apart here: compare unique_graphs). None where Dynamo never ran (not imported):
+    the run compiled nothing. The tests compare them between runs with and without the meter's probe step."""
+    if "torch._dynamo.utils" not in sys.modules:
+        return None
+    counters = sys.modules["torch._dynamo.utils"].counters
+    if not counters["frames"] and not counters["stats"]:
+        return None
+    return {
+        "frames": dict(counters["frames"]),
+        "stats": dict(counters["stats"]),
+        "graph_breaks": sum(counters["graph_break"].values()),
+    }
 
 
 def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields) -> dict:
@@ -118,12 +136,11 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     from args where the script has `--without`. Derived here: test_acc (the last epoch's), the training
     seconds until the test accuracy first reached --target-acc (`time_to_target_s`, with `compile_s` taken out;
     `time_to_target_incl_compile_s` with it) or, under --target-loss, until the held-out sample's loss first reached
-    it (`common.target.fields`: the same two keys, steps_to_target, every probe), `achieved_tflops`
-    (flops_per_image x images/s / 1e12, TFLOP/s: the training matmul/conv/attention work done per second, all ranks
-    together), the resolved arguments (`args`, every
-    flag with its default), and the
-    run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or checkpoint not written, with
-    `failed_writes`). The metrics JSON keys are listed in docs/bench.md.
+    it (`common.target.fields` of the Meter's summary["target"]: the same two keys, steps_to_target, every probe),
+    `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the training matmul/conv/attention work done per
+    second, all ranks together), Dynamo's counters (`dynamo_counters`), the resolved arguments (`args`, every flag
+    with its default), and the run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or
+    checkpoint not written, with `failed_writes`). The metrics JSON keys are listed in docs/bench.md.
     """
     device = torch.device(fields.pop("device"))
     main = sys.modules["__main__"]
@@ -158,7 +175,8 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     if summary.get("activation_mib") is not None:
         line += f", activations saved for backward {summary['activation_mib']:.1f} MiB"
     print(f"{line}, peak host RSS {summary['peak_host_rss_gib']:.2f} GiB", flush=True)
-    probe = target.fields(compile_s, epochs[-1]["val_loss"] if epochs else None)  # --target-loss's, else {}
+    record = summary.pop("target", None)  # the --target-loss probe's, which the Meter was given (else none)
+    probe = target.fields(record, compile_s, epochs[-1]["val_loss"] if epochs else None)  # {} without one
     if probe:
         seconds = probe["time_to_target_s"]
         took = "not reached" if seconds is None else (
@@ -189,6 +207,7 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
             **probe,  # --target-loss's, where it ran
         },
         args={key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        dynamo=dynamo_counters(),
         status=run_status(),
         stopped_at_step=RUN["stopped_at"],
         failed_writes=RUN["failed_writes"],

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch.nn as nn
 
 from .gpt import GPT, GPT_CONFIGS
@@ -84,17 +82,6 @@ def vit_patch_size(image_size: int) -> int:
     return vit_config(image_size)["patch"]
 
 
-WATCHERS: list[Callable[[nn.Module], object]] = []  # called with each GPT build_model makes (`watch`)
-
-
-def watch(callback: Callable[[nn.Module], object]) -> None:
-    """Have `callback(model)` called with every language model `build_model` makes in this process from now on (once,
-    however often it is asked): how a measurement that must evaluate the model as built asks for it (common/target.py's
-    probe, under --target-loss), so that the factory knows no measurement."""
-    if callback not in WATCHERS:
-        WATCHERS.append(callback)
-
-
 def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_classes: int = 10) -> nn.Module:
     """`cnn` (SmallCNN), `mlp` (MLP), torchvision ResNet-18/50 or `vit` (common.vit.ViT) with randomly initialised
     weights, for (N, C, S, S) float32 input and (N, num_classes) logits.
@@ -113,8 +100,7 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
     `gpt`, `gpt2` and `gpt-wide` are decoder-only GPTs (common/gpt.py) for (N, T) int64 tokens -> (N, vocab, T)
     logits: here `in_channels` is the vocabulary size and `image_size` the context T (what `input_shape` gives for
     text); `gpt` has nanoGPT's laptop shape (0.8 M parameters), `gpt2` GPT-2 small's (85 M with 84 characters),
-    `gpt-wide` 4 blocks of width 2048 (201 M), GPT_CONFIGS. Each GPT built is handed to the callbacks `watch` holds
-    (under --target-loss the probe keeps the first: common/target.py).
+    `gpt-wide` 4 blocks of width 2048 (201 M), GPT_CONFIGS.
     """
     if name == "cnn":
         return SmallCNN(in_channels, num_classes, image_size)
@@ -123,10 +109,7 @@ def build_model(name: str, in_channels: int = 1, image_size: int = 28, num_class
     if name == "vit":
         return ViT(image_size, in_channels, num_classes, **vit_config(image_size))
     if name in GPT_CONFIGS:  # text: (in_channels, image_size) are (vocabulary size, context), as input_shape gives
-        model = GPT(in_channels, image_size, **GPT_CONFIGS[name])
-        for callback in WATCHERS:  # --target-loss: the probe asked for it (common/target.py)
-            callback(model)
-        return model
+        return GPT(in_channels, image_size, **GPT_CONFIGS[name])
     import torchvision  # only for the ResNets: its import adds seconds to start-up
 
     model = getattr(torchvision.models, name)(weights=None, num_classes=num_classes)

@@ -2,11 +2,12 @@
 text, every `--eval-every` optimizer steps with the training clock stopped, as modded-nanogpt counts its time to a
 validation loss; `report` writes the training seconds and steps until the sample's loss first reached the target.
 
-Measurement, not a lesson: no script calls this module. `parse_args` turns it on (`configure`) when the command line
-has --target-loss; `load_data` hands it the held-out set (`watch_heldout`), `build_model` the model it built (the
-probe asks for it: `configure` hands `watch_model` to `models.watch`), and the Meter calls `after_step` at the end of
-every step. Between two probes nothing runs that a run without --target-loss would not run. The probe evaluates the
-model as built (not a torch.compile'd wrapper: no recompile for eval mode), outside autocast with autograd off, so
+Measurement, not a lesson, and every part of it passed in the open: a script hands the Meter the probe it makes
+with `target_probe(args, model)` (None without --target-loss), the Meter calls `after_step` at the end of every step
+and puts the probe's record in its summary (`record`), and `report` turns that record into the metrics (`fields`).
+`check` (parse_args calls it) only refuses what cannot be probed; no state lives in this module. Between two probes
+nothing runs that a run without --target-loss would not run. The probe evaluates the model as built (a
+torch.compile'd wrapper's or DDP's inner module: no recompile for eval mode), outside autocast with autograd off, so
 every script's model is judged the same way (but train_float8.py's, whose Linears are converted in place, probes in
 float8); a probe's seconds are not training seconds (the Meter is paused: its images/s window closes and reopens
 too). The time is known to a probe: a run that crosses the target just after one is counted at the next, up to
@@ -16,7 +17,7 @@ The sample: `--target-sample` blocks of the held-out plays (all when fewer), dra
 run and every script sees the same characters; its loss differs from the full held-out text's, and `report` records
 both for the final model (`target_sample_loss_end` against the last epoch's `val_loss`).
 
-Refused in one line by `configure`: torchrun (WORLD_SIZE > 1: a probe on rank 0 would stall the other ranks at
+Refused in one line by `check`: torchrun (WORLD_SIZE > 1: a probe on rank 0 would stall the other ranks at
 their next collective, and that wait would count as their training time), --resume (the resumed run's clock and
 steps start again at 0: its time to the target would be the last part's only) and --dataset synthetic (no held-out
 text to sample).
@@ -29,8 +30,9 @@ import os
 import torch
 import torch.nn as nn
 
-from . import models
+from . import text
 from .errors import die
+from .models import TEXT_MODELS
 
 SAMPLE_SEED = 1234  # which held-out blocks the sample holds: fixed, the same for every run
 
@@ -39,19 +41,16 @@ class TargetProbe:
     """The probe's state: the target (nats per token), its period in steps, the sample, the model, each probe's
     (step, training seconds, loss) and the first that reached the target."""
 
-    def __init__(self, target: float, every: int, sample_blocks: int, chunk: int = 256):
-        self.target, self.every, self.sample_blocks, self.chunk = target, every, sample_blocks, chunk
-        self.model: nn.Module | None = None
-        self.inputs = self.targets = None  # (n, T) int64 each, on the CPU until the first probe
+    def __init__(self, target: float, every: int, model: nn.Module, heldout, sample_blocks: int, chunk: int = 256):
+        """`model`: the module to evaluate; `heldout`: a TensorDataset of (inputs, targets) (N, T) int64 blocks, of
+        which `sample_blocks` (all when fewer) are drawn with SAMPLE_SEED and kept, on the CPU until the first probe."""
+        self.target, self.every, self.model, self.chunk = target, every, model, chunk
+        inputs, targets = heldout.tensors
+        pick = torch.randperm(len(inputs), generator=torch.Generator().manual_seed(SAMPLE_SEED))[:sample_blocks]
+        pick = pick.sort().values
+        self.inputs, self.targets = inputs[pick].clone(), targets[pick].clone()  # (n, T) int64 each
         self.probes: list[dict] = []
         self.reached: dict | None = None
-
-    def heldout(self, dataset) -> None:
-        """Keep `sample_blocks` blocks of a TensorDataset of (inputs, targets) (N, T) int64, drawn with SAMPLE_SEED."""
-        inputs, targets = dataset.tensors
-        pick = torch.randperm(len(inputs), generator=torch.Generator().manual_seed(SAMPLE_SEED))[: self.sample_blocks]
-        pick = pick.sort().values
-        self.inputs, self.targets = inputs[pick].clone(), targets[pick].clone()
 
     @torch.no_grad()
     def loss(self) -> float:
@@ -73,7 +72,7 @@ class TargetProbe:
 
     def after_step(self, meter) -> None:
         """Every `every` steps until the target is reached: pause the meter, take the sample's loss, resume."""
-        if self.reached is not None or meter.steps % self.every or self.model is None or self.inputs is None:
+        if self.reached is not None or meter.steps % self.every:
             return
         meter.pause()  # synchronises: the steps queued so far are training time, the probe is not
         loss = self.loss()
@@ -88,18 +87,21 @@ class TargetProbe:
             )
         meter.resume()
 
+    def record(self) -> dict:
+        """What `fields` needs, as plain data (the Meter's summary carries it to `report`): target, every,
+        sample_blocks, probes, reached (the first probe at or below the target, or None) and loss_end, the final
+        model's loss on the sample (nats per token), taken now."""
+        return {"target": self.target, "every": self.every, "sample_blocks": len(self.inputs), "probes": self.probes,
+                "reached": self.reached, "loss_end": self.loss()}  # fmt: skip
 
-ACTIVE: TargetProbe | None = None
 
-
-def configure(args) -> None:
-    """Turn the probe on for this process when `args.target_loss` is set (parse_args calls this). Exits with one
-    line under torchrun (WORLD_SIZE > 1) and for a model that is not a language model."""
-    global ACTIVE
-    ACTIVE = None
+def check(args) -> None:
+    """Refuse, in one line and exit 2, a --target-loss that cannot be probed: under torchrun (WORLD_SIZE > 1), with
+    --resume, on --dataset synthetic, or for a model that is not a language model. parse_args calls it; it keeps
+    nothing."""
     if getattr(args, "target_loss", None) is None:
         return
-    if args.model not in models.TEXT_MODELS:
+    if args.model not in TEXT_MODELS:
         die(f"--target-loss is a language model's (--model gpt, gpt2); for --model {args.model} use --target-acc")
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
         die("--target-loss probes in one process: a probe on one rank would stall the others (run it without torchrun)")
@@ -107,47 +109,43 @@ def configure(args) -> None:
         die("--target-loss times a whole run: a resumed run's clock starts again at 0 (run it without --resume)")
     if getattr(args, "dataset", None) == "synthetic":
         die("--target-loss needs held-out text: --dataset shakespeare, not synthetic")
-    ACTIVE = TargetProbe(args.target_loss, args.eval_every, args.target_sample, max(args.batch_size, 64))
-    models.watch(watch_model)  # the first GPT build_model makes: the model the probe evaluates
 
 
-def watch_heldout(dataset) -> None:
-    """The held-out set `load_data` made (text): the probe draws its sample from it."""
-    if ACTIVE is not None and ACTIVE.inputs is None:
-        ACTIVE.heldout(dataset)
+def target_probe(args, model: nn.Module) -> TargetProbe | None:
+    """The probe of `--target-loss` for `model` (a script passes it to its Meter), or None without the flag.
+
+    `model` is the model as built: a torch.compile wrapper (`_orig_mod`) or DistributedDataParallel (`module`) is
+    looked through, so the probe never recompiles for eval mode. The sample: `--target-sample` blocks (all when
+    fewer) of the held-out plays at --seq-len (`text.shakespeare`'s validation works, its first --test-subset
+    blocks where that is given: the blocks load_data hands the script), drawn once with SAMPLE_SEED. Evaluated in
+    chunks of max(--batch-size, 64) blocks."""
+    if getattr(args, "target_loss", None) is None:
+        return None
+    for wrapper in ("_orig_mod", "module"):  # torch.compile's OptimizedModule, DDP/DataParallel: the inner model
+        model = getattr(model, wrapper, model)
+    heldout = text.shakespeare(args.seq_len)[1]
+    if getattr(args, "test_subset", None):
+        heldout = torch.utils.data.TensorDataset(*(tensor[: args.test_subset] for tensor in heldout.tensors))
+    return TargetProbe(args.target_loss, args.eval_every, model, heldout, args.target_sample, max(args.batch_size, 64))
 
 
-def watch_model(model: nn.Module) -> nn.Module:
-    """The first model `build_model` made in this process (`configure` asked `models.watch` for them) is the one the
-    probe evaluates; returns `model`."""
-    if ACTIVE is not None and ACTIVE.model is None:
-        ACTIVE.model = model
-    return model
-
-
-def after_step(meter) -> None:
-    if ACTIVE is not None:
-        ACTIVE.after_step(meter)
-
-
-def fields(compile_s: float, final_val_loss: float | None) -> dict:
-    """The metrics of a --target-loss run: target_loss, time_to_target_s (training seconds to the first probe at or
-    below it, compilation taken out), time_to_target_incl_compile_s, steps_to_target, target_probes (every probe),
-    target_sample_blocks, and the final model's loss on the sample against the full held-out text's
-    (target_sample_loss_end, target_sample_gap = sample - full: how far the sample stands from the whole). {} when
-    the probe is off."""
-    if ACTIVE is None or ACTIVE.model is None or ACTIVE.inputs is None:
+def fields(record: dict | None, compile_s: float, final_val_loss: float | None) -> dict:
+    """The metrics of a --target-loss run from its probe's `record` (the Meter's summary["target"]): target_loss,
+    time_to_target_s (training seconds to the first probe at or below it, compilation taken out),
+    time_to_target_incl_compile_s, steps_to_target, target_probes (every probe), target_sample_blocks, and the final
+    model's loss on the sample against the full held-out text's (target_sample_loss_end, target_sample_gap = sample -
+    full: how far the sample stands from the whole). {} without a record (no --target-loss)."""
+    if record is None:
         return {}
-    reached = ACTIVE.reached
-    end = ACTIVE.loss()
+    reached, end = record["reached"], record["loss_end"]
     return {
-        "target_loss": ACTIVE.target,
+        "target_loss": record["target"],
         "time_to_target_s": reached["train_s"] - compile_s if reached else None,
         "time_to_target_incl_compile_s": reached["train_s"] if reached else None,
         "steps_to_target": reached["step"] if reached else None,
-        "target_eval_every": ACTIVE.every,
-        "target_sample_blocks": len(ACTIVE.inputs),
-        "target_probes": ACTIVE.probes,
+        "target_eval_every": record["every"],
+        "target_sample_blocks": record["sample_blocks"],
+        "target_probes": record["probes"],
         "target_sample_loss_end": end,
         "target_sample_gap": end - final_val_loss if final_val_loss is not None else None,
     }

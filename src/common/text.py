@@ -8,6 +8,7 @@ Validation is four whole plays held out (VALIDATION_WORKS, 10.4 % of the charact
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def blocks(tokens: torch.Tensor, seq_len: int) -> torch.utils.data.TensorDataset
     return torch.utils.data.TensorDataset(inputs.clone(), targets.clone())
 
 
+@functools.lru_cache(maxsize=2)  # the script's load_data and --target-loss's probe read the same blocks once
 def shakespeare(seq_len: int, folder: Path = CORPUS_DIR):
     """(train_set, val_set) of `blocks`: the 38 training works and the 4 VALIDATION_WORKS, each side the works in
     WORKS order joined into one text (train 4,529,810 characters: 70,778 blocks of 64; validation 527,388: 8,240).
@@ -125,7 +127,8 @@ def generate(model: nn.Module, device: torch.device, characters: int = 300, seed
     tokens = encode(prompt, vocab).to(device)[None]
     generator = torch.Generator(device=device).manual_seed(seed)
     for _ in range(characters):
-        logits = model(tokens[:, -context:])[:, :, -1].float().to(device)  # (1, V): the next character's scores
+        logits = model(tokens[:, -context:])[:, : len(vocab), -1].float().to(device)  # (1, 84): the characters'
+        # scores (a head wider than the corpus, --vocab-size, has ids no text holds: never sampled)
         nxt = torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator)
         tokens = torch.cat([tokens, nxt], dim=1)
     return decode(tokens[0].tolist(), vocab)
