@@ -38,6 +38,7 @@ MUON_FAST = "tests/test_muon.py::test_train_fast_s_gpt_takes_train_muon_s_optimi
 NATIVE = "tests/test_muon.py::test_a_cpu_without_native_bfloat16_gets_float32_newton_schulz_and_train_fast_leaves_autocast_off"
 CKDIR = "tests/test_checkpoint_dir.py::"
 NS = "tests/test_muon.py::test_common_muon_in_bfloat16_is_torch_s_bit_for_bit_and_in_float32_is_newton_schulz_written_out"
+CE = "tests/test_chunked_ce.py::"
 VARLEN = "test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
 MUTATIONS = [
@@ -121,6 +122,20 @@ MUTATIONS = [
      "src/train_compiled_optimizer.py",
      "                mine.fill_(value)  # the schedule's float beta1", "                pass  #",
      EQ + "test_compiled_optimizer_matches_train_and_compiles_once"),
+    ("train_chunked_ce.py", "each chunk's mean times its size: its sum without ignored targets, not with them",
+     "src/train_chunked_ce.py",
+     'cross_entropy(fc(h).float(), y, reduction="sum")', 'cross_entropy(fc(h).float(), y) * y.numel()',
+     CE + "test_the_chunked_loss_and_its_gradients_are_the_whole_logits_ones_ignored_targets_included"),
+    ("train_chunked_ce.py", "the ignored targets counted in the mean's divisor", "src/train_chunked_ce.py",
+     "    return total / (targets != -100).sum()", "    return total / targets.numel()",
+     CE + "test_the_chunked_loss_and_its_gradients_are_the_whole_logits_ones_ignored_targets_included"),
+    ("train_chunked_ce.py", "no checkpoint: every chunk's logits kept for backward, as many as the whole",
+     "src/train_chunked_ce.py",
+     "torch.utils.checkpoint.checkpoint(summed_loss, h, y, use_reentrant=False)", "summed_loss(h, y)",
+     CE + "test_the_chunked_loss_and_its_gradients_are_the_whole_logits_ones_ignored_targets_included"),
+    ("train_chunked_ce.py", "the head's final LayerNorm left out of the hidden states", "src/train_chunked_ce.py",
+     "hidden = model.head.norm(body(images))", "hidden = body(images)",
+     CE + "test_the_rung_trains_train_py_s_gpt_and_keeps_no_logits_for_backward"),
     ("train_compile_cache.py", "the file never loaded: every start compiles cold", "src/train_compile_cache.py",
      "    loaded = torch.compiler.load_cache_artifacts(cache_file.read_bytes())", "    loaded = None  #",
      EQ + "test_compile_cache_starts_warm_from_its_file_alone_and_trains_as_train_compile"),
