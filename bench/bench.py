@@ -6,6 +6,8 @@
     python bench/bench.py --profile cpu --out results/cpu-2core --resume   # after a crash or Ctrl-C: what is missing
     python bench/bench.py --profile cpu --out results/cpu-2core --only compile     # the configurations named so
     python bench/bench.py --profile cpu --out results/cpu-2core --tables-only      # tables again from runs.csv
+    python bench/bench.py --profile cpu --out results/cpu-2core --max-floor 5      # stop where the floor passes ±5 %
+    python bench/bench.py --out results/cpu-2core --floors-only     # floors.json of a folder written before it
     python bench/bench.py --profile gpu --dry-run                   # its runs and their estimated seconds, none run
     python bench/bench.py --peak-table results/gpu-h100-2026-11-23-ladder        # peak.md of a result folder
 
@@ -15,10 +17,11 @@ its metrics JSON in OUT/metrics/; a run that fails, runs out of memory or times 
 (or a crash of the runner) keeps the finished rows, and --resume skips the runs that are already there. Writes into
 OUT, each file atomically:
 runs.csv (one row per run), summary.csv (one row per configuration: median and min-max over the repeats, speed-up
-vs its baseline, over its rung's base, of its ceiling, and what limited it), table.md, ladder.md and ladder.png (the
-profile's speed-up ladders: each rung with its speed-up over its base and over the first rung), env.json (versions,
-hardware, CPU instruction sets, git commit, and the device's measured dense matmul peak per dtype,
-`gemm_peak_tflops`), the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png and sweeps.png (the
+vs its baseline, over its rung's base, of its ceiling, and what limited it), floors.json (the noise floors and each
+comparison's ratio, spread and verdict as data: what results/README.md and the pages read), table.md, ladder.md and
+ladder.png (the profile's speed-up ladders: each rung with its speed-up over its base and over the first rung),
+env.json (versions, hardware, CPU instruction sets, git commit, the rounds asked, --max-floor, and the device's
+measured dense matmul peak per dtype, `gemm_peak_tflops`), the plots throughput.png, accuracy_vs_time.png, memory.png, data_wait.png and sweeps.png (the
 workers and batch-size sweeps), and, into a folder of one's own (results/local/ or outside results/), index.html with
 one side-by-side page per technique (bench/pages/diff_pages.py) with this run's speed-ups: a committed folder under
 results/ gets none (`python bench/pages/diff_pages.py --out DIR --results FOLDER` writes them). docs/bench.md
@@ -29,7 +32,7 @@ bench/ holds the runner and its reports at its top, and one folder per other job
     bench.py     the entry point and the flow (it puts src/ and bench/pages/ on the path before it imports the rest)
     profiles.py  the matrix: load_profile (checked whole before any run), skip_reason, KNOBS, fail
     pairs.py     interleaved pairs: plan (the order of the runs), assess (disturbed pairs), reruns_due, pair_ratios,
-                 noise_floor, the verdicts
+                 noise_floor, the verdicts, --max-floor's refusal, floors.json (floors_record, read_floors)
     runs.py      one run: command, execute (a subprocess in its own session, timeout, log, metrics JSON), Stop (the
                  signals, read at safe points), end_run, finished_rows (--resume)
     summary.py   from runs to configurations: summarise (medians, ratios to the baseline, the rung's base, the
@@ -73,7 +76,7 @@ import pairs  # noqa: E402
 from plots import plot  # noqa: E402
 from profiles import fail, load_profile, skip_reason  # noqa: E402
 from runs import Stop, command, execute, finished_rows, relabel, run_paths, settle_fresh  # noqa: E402
-from summary import summarise  # noqa: E402
+from summary import floor_comparisons, summarise, summary_floors  # noqa: E402
 from tables import ladder_markdown, noise_line, peak_table, table_markdown  # noqa: E402
 from terminal import end_of_run  # noqa: E402
 from tqdm import tqdm  # noqa: E402
@@ -95,10 +98,15 @@ def write_csv(frame: pd.DataFrame, path: Path) -> None:
     common.io.atomic_write_text(path, frame.to_csv(index=False))
 
 
-def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, profile: str) -> pd.DataFrame:
-    """summary.csv, pairs.csv (each pair's ratio), table.md, ladder.md and the plots and pages, from the runs (one row
-    per run), the pairs the runs made (OUT/pairs.csv, written when the runs were planned; none in a folder older than
-    the pairs) and the matrix (order, ladders, comparisons); `env` is the machine's (env.json). Returns the summary."""
+def write_tables(
+    out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, profile: str, stopped: str | None = None
+) -> pd.DataFrame:
+    """summary.csv, pairs.csv (each pair's ratio), table.md, floors.json, ladder.md and the plots and pages, from the
+    runs (one row per run), the pairs the runs made (OUT/pairs.csv, written when the runs were planned; none in a
+    folder older than the pairs) and the matrix (order, ladders, comparisons); `env` is the machine's (env.json, with
+    the rounds asked, `pairs_asked`, and --max-floor as a fraction, `max_floor`); `stopped`: why the runs stopped
+    before the plan's end (None: they did not, or it is not known). A noise floor past `max_floor` gives no
+    comparison a verdict. Returns the summary."""
     for key in ["status", "reason", "dataset", "epochs", "images_per_s", "job"]:
         if key not in runs:
             runs[key] = None
@@ -117,18 +125,41 @@ def write_tables(out: Path, runs: pd.DataFrame, matrix: list[dict], env: dict, p
         noise["target_floor"] = target_floor
         noise["target_self_pairs"] = [(c.row, c.reference, target[c]) for c in target if pairs.is_self_pair(c, matrix)]
     to_target = (target, target_floor, pairs.disturbed_counts(runs, plan, to_target=True))
-    summary = summarise(runs, matrix, ratios, floor, pairs.disturbed_counts(runs, plan), to_target)
+    max_floor = env.get("max_floor")
+    refused = pairs.refusal(floor, max_floor)  # a floor past --max-floor: no verdict for any comparison
+    summary = summarise(runs, matrix, ratios, floor, pairs.disturbed_counts(runs, plan), to_target, refused)
     write_csv(summary, out / "summary.csv")
     write_csv(pairs.plan_table(plan, runs), out / "pairs.csv")  # the plan again, each pair's ratio beside it
+    asked, ran = pairs.pairs_ran(runs, plan, env.get("pairs_asked"))
+    if stopped is None and refused:
+        stopped = pairs.too_busy(floor, max_floor)
+    elif stopped is None and ran is not None and ran < asked:
+        stopped = "the runs ended before the plan did (why is not recorded in runs.csv)"
+    stop = ""  # the tables' line on a stop: how far the pairs got, and why
+    if stopped and ran is not None and ran < asked:
+        stop = f"Stopped after {ran} of {asked} pairs a comparison: {stopped}."
+    elif refused:
+        stop = f"No verdict: {stopped}."
     repeats = sorted({run["repeats"] for run in matrix})
-    table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)", noise, out)
+    table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)", noise, out, stop)
     common.io.atomic_write_text(out / "table.md", table_md)
+    record = pairs.floors_record(
+        floor,
+        floor_comparisons(summary, list(dict.fromkeys(c for c, *_ in plan)), floor, noise.get("target_floor"), target),
+        "bench/bench.py",
+        target_floor=noise.get("target_floor"),
+        pairs_asked=asked,
+        pairs_run=ran,
+        stopped=stopped,
+        max_floor=max_floor,
+    )
+    common.io.atomic_write_text(out / pairs.FLOORS, pairs.floors_text(record))  # the floors and verdicts as data
     ladders = ladder_markdown(summary, env)
     if ladders:
         common.io.atomic_write_text(
             out / "ladder.md",
             f"# Speed-up ladders, profile `{profile}`\n\n{hardware_line(env)}\n\n{provenance_line(out, env)}\n\n"
-            f"{noise_line(noise)}\n\n{RATIO_STATISTICS}\n\n{ladders}",
+            f"{noise_line(noise)}\n\n" + (f"{stop}\n\n" if stop else "") + f"{RATIO_STATISTICS}\n\n{ladders}",
         )
     plot(summary, runs, out, f"profile {profile}, {hardware_line(env).split(' · ')[0]}", floor)
     if holds_side_by_side_pages(out):
@@ -195,6 +226,21 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
         "runner itself was killed before it wrote them)",
     )
     parser.add_argument(
+        "--max-floor",
+        type=float,
+        default=None,
+        metavar="PCT",
+        help="stop once the self pairs' noise floor is measured (3 undisturbed pairs) and past ±PCT %%: the host is "
+        "too busy for verdicts; the tables of what ran say no verdict (default: never stop)",
+    )
+    parser.add_argument(
+        "--floors-only",
+        action="store_true",
+        help="run nothing: write OUT/floors.json (the noise floors and each comparison's ratio, spread and verdict) "
+        "from OUT's summary.csv, pairs.csv, runs.csv and env.json, as its tables gave them, for a folder written "
+        "before the bench wrote floors.json; nothing else is written",
+    )
+    parser.add_argument(
         "--peak-table",
         type=Path,
         metavar="OUT",
@@ -206,6 +252,10 @@ def parse_args() -> tuple[argparse.ArgumentParser, argparse.Namespace]:
         parser.error("--repeats must be 1 or more")
     if args.pairs is not None and args.pairs < 1:
         parser.error("--pairs must be 1 or more")
+    if args.max_floor is not None and not 0 < args.max_floor < float("inf"):
+        parser.error(f"--max-floor must be a percentage above 0, not {args.max_floor:g}")
+    if args.floors_only and args.out is None:
+        parser.error("--floors-only needs --out FOLDER (a result folder with summary.csv)")
     return parser, args
 
 
@@ -250,12 +300,49 @@ def the_matrix(parser: argparse.ArgumentParser, args: argparse.Namespace, gpus: 
 
 
 def tables_again(out: Path, matrix: list[dict], profile: str) -> None:
-    """--tables-only: the tables, plots and pages of `out` from its runs.csv and env.json (nothing runs)."""
+    """--tables-only: the tables, plots and pages of `out` from its runs.csv and env.json (nothing runs); why the
+    runs stopped early, where they did, from its floors.json (a malformed one is rewritten without it)."""
     try:
         runs, env = pd.read_csv(out / "runs.csv", dtype={"config": str}), json.loads((out / "env.json").read_text())
     except (OSError, ValueError) as error:
         fail(f"--tables-only needs {out}/runs.csv and env.json from an earlier run ({error})")
-    write_tables(out, runs, matrix, env, env.get("profile", profile))
+    try:
+        stopped = (pairs.read_floors(out) or {}).get("stopped")
+    except ValueError:
+        stopped = None
+    write_tables(out, runs, matrix, env, env.get("profile", profile), stopped)
+
+
+def floors_again(out: Path) -> None:
+    """--floors-only: `out`/floors.json from its summary.csv (each comparison's cells, the floors from its self
+    pairs' min-max: summary.summary_floors), pairs.csv (which comparisons, the rounds), runs.csv (the pairs that ran)
+    and env.json (the rounds asked, --max-floor), as its tables gave them: for a folder written before the bench
+    wrote floors.json. Nothing runs and no other file changes. Exits with one line where one of them is missing or
+    unreadable."""
+    try:
+        summary = pd.read_csv(out / "summary.csv", dtype={"config": str})
+        plan = pairs.read_plan(pd.read_csv(out / "pairs.csv")) if (out / "pairs.csv").is_file() else []
+        runs = pd.read_csv(out / "runs.csv") if (out / "runs.csv").is_file() else None
+        env = json.loads((out / "env.json").read_text())
+        env.get("pairs_asked")  # AttributeError where env.json is not a JSON object
+    except (OSError, ValueError, AttributeError, KeyError, pd.errors.EmptyDataError) as error:
+        fail(f"--floors-only needs {out}/summary.csv, pairs.csv, runs.csv and env.json from a bench run ({error})")
+    try:
+        before = pairs.read_floors(out)  # a stop's reason, where an earlier floors.json said it
+    except ValueError:
+        before = None  # malformed: rewritten whole
+    floor, target_floor = summary_floors(summary)
+    asked, ran = pairs.pairs_ran(runs, plan, env.get("pairs_asked"))
+    stopped = (before or {}).get("stopped")
+    if stopped is None and ran is not None and ran < asked:
+        stopped = "the runs ended before the plan did (why is not recorded in runs.csv)"
+    comparisons = floor_comparisons(summary, list(dict.fromkeys(c for c, *_ in plan)), floor, target_floor)
+    record = pairs.floors_record(
+        floor, comparisons, "bench/bench.py --floors-only", target_floor=target_floor, pairs_asked=asked,
+        pairs_run=ran, stopped=stopped, max_floor=env.get("max_floor"),
+    )  # fmt: skip
+    common.io.atomic_write_text(out / pairs.FLOORS, pairs.floors_text(record))
+    print(f"bench: wrote {out / pairs.FLOORS}")
 
 
 def dry_run(args: argparse.Namespace, profile: str, matrix: list[dict], rounds: int, gpus: int, bf16: bool) -> None:
@@ -323,16 +410,32 @@ def fork_server(args: argparse.Namespace, gpus: int):
 class Matrix:
     """The runs of one bench run and their rows: `run_all` runs the interleaved plan (or takes a finished run from
     --resume), `rerun_disturbed` the disturbed pairs again; runs.csv and pairs.csv are rewritten after every run.
-    `server`: the fork server single-process runs start from (None: each in a fresh interpreter)."""
+    `server`: the fork server single-process runs start from (None: each in a fresh interpreter). With --max-floor,
+    both stop once the self pairs' floor is measured and past it (`too_busy`); `stopped` then says so."""
 
     def __init__(self, args, matrix: list[dict], rounds: int, skipped: dict, out: Path, gpus: int, stop, server=None):
         self.args, self.out, self.gpus, self.stop, self.rounds = args, out, gpus, stop, rounds
-        self.server = server
+        self.server, self.matrix, self.stopped = server, matrix, None
         self.jobs, self.plan = pairs.plan(matrix, rounds, set(skipped))
         write_csv(pairs.plan_table(self.plan), out / "pairs.csv")  # which runs pair up: the tables read it back
         self.by_name, self.seen = {run["name"]: run for run in matrix}, {}
         self.rows = [{"config": name, "repeat": 1, "status": "skipped", "reason": why} for name, why in skipped.items()]
         self.done = finished_rows(out) if args.resume else {}
+
+    def too_busy(self, job: int, bar) -> bool:
+        """Whether to stop after job `job`: --max-floor is given, the job is a self pair's run, and the self pairs'
+        floor from the rows so far (pairs.floor_now, what the tables will print) is measured and past it; then
+        `stopped` says so and a progress line prints it."""
+        if self.args.max_floor is None or self.stopped is not None:
+            return self.stopped is not None
+        if not any(job in (a, b) for c, _, a, b in self.plan if pairs.is_self_pair(c, self.matrix)):
+            return False
+        floor, most = pairs.floor_now(pd.DataFrame(self.rows), self.plan, self.matrix), self.args.max_floor / 100
+        if pairs.refusal(floor, most) is None:
+            return False
+        self.stopped = pairs.too_busy(floor, most)
+        bar.write(f"bench: {self.stopped}; stopping")
+        return True
 
     def _run(self, name: str) -> tuple[dict, int]:
         run, k = self.by_name[name], self.seen.get(name, 0) + 1  # k: this row's k-th run
@@ -363,18 +466,20 @@ class Matrix:
                 + (f", {row['images_per_s']:.1f} images/s" if pd.notna(row.get("images_per_s") or None) else "")
                 + (f" ({row['reason']})" if isinstance(row.get("reason"), str) and row["reason"] else "")
             )
+            if self.too_busy(job.index, bar):
+                break
 
     def rerun_disturbed(self, bar, most: int) -> None:
         """A pair that one of its runs' scatter or its distance from its siblings marks as disturbed (pairs.assess) is
         run again, its two runs next to each other, up to `most` times per comparison (the profile's `reruns`); a
         comparison still short of undisturbed pairs reads "disturbed"."""
         done_reruns, extra_round = {}, self.rounds
-        while self.stop.signal is None and most > 0:
+        while self.stop.signal is None and self.stopped is None and most > 0:
             due = pairs.reruns_due(pd.DataFrame(self.rows), self.plan, self.rounds, done_reruns, most)
             if not due:
                 break
             for comparison, why in due:
-                if self.stop.signal is not None:
+                if self.stop.signal is not None or self.stopped is not None:
                     break
                 done_reruns[comparison] = done_reruns.get(comparison, 0) + 1
                 bar.write(f"bench: re-running {comparison.row} against {comparison.reference}: {why}")
@@ -392,6 +497,7 @@ class Matrix:
                     bar.write(f"{row['config']} r{k} (re-run): {row['status']}")
                 self.plan.append((comparison, extra_round, indices[comparison.row], indices[comparison.reference]))
                 write_csv(pairs.plan_table(self.plan), self.out / "pairs.csv")
+                self.too_busy(indices[comparison.row], bar)  # a self pair's re-run may give the floor
             extra_round += 1
 
 
@@ -399,6 +505,8 @@ def main() -> None:
     parser, args = parse_args()
     if args.peak_table:
         return write_peak_table(args.peak_table)
+    if args.floors_only:
+        return floors_again(args.out)
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     bf16 = common.native_bfloat16(torch.device("cpu"))  # the scripts' own test: instructions, and oneDNN let use them
     profile, table, matrix, rounds = the_matrix(parser, args, gpus, bf16)
@@ -418,9 +526,12 @@ def main() -> None:
     # graph must be compiled; the steps do not change. A value set by the caller wins; env.json records it.
     os.environ.setdefault("TORCH_WARM_POOL", "0")
     limited_cache = common.env.limited_inductor_cache()
-    if limited_cache:  # ISA limits (a CPU without bf16 instructions): a cache of their own; a value set by the caller wins
+    # ISA limits (a CPU without bf16 instructions): a cache of their own; a value set by the caller wins
+    if limited_cache:
         os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", limited_cache)
     env = bench_environment(args, profile, gpus, table)
+    env["pairs_asked"] = rounds  # the interleaved rounds planned: floors.json says how many a stop left
+    env["max_floor"] = args.max_floor / 100 if args.max_floor is not None else None  # the tables read it back
     env["TORCH_WARM_POOL"] = os.environ["TORCH_WARM_POOL"]
     env["TORCHINDUCTOR_CACHE_DIR"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     print(f"bench: measured matmul peak {peak_line(env)}", flush=True)
@@ -448,9 +559,13 @@ def main() -> None:
             )
         frame = pd.DataFrame(runs.rows)
         write_csv(frame, out / "runs.csv")
-        summary = write_tables(out, frame, matrix, env, profile)
+        stopped = runs.stopped or (f"interrupted ({stop.name})" if stop.signal is not None else None)
+        summary = write_tables(out, frame, matrix, env, profile, stopped)
     if stop.signal is not None:
         raise SystemExit(128 + stop.signal)  # the shell's code for a signal: 130 for Ctrl-C, 143 for SIGTERM, 129 HUP
+    if runs.stopped is not None:  # --max-floor: the rows after the stop did not run, by design
+        print(f"bench: stopped: {runs.stopped} (the tables of what ran say no verdict)", file=sys.stderr)
+        raise SystemExit(3)
     failed = (summary.status != "ok") & (summary.status != "skipped")
     if failed.any():
         print(f"bench: {failed.sum()} configuration(s) did not finish: see their logs in {out / 'logs'}",

@@ -10,7 +10,10 @@ state; alternating the order (A B, then B A) cancels what drifts and what favour
   point of its sweep).
 - `schedule(...)`: the runs in order, round by round, and which two runs make each pair.
 - `summarise_pairs(...)`: per comparison, the pair ratios' median, min-max and verdict against the noise floor, which
-  the profile's self pair (a row compared with a copy of itself) measures.
+  the profile's self pair (a row compared with a copy of itself) measures; `floor_now` and `refusal`: that floor
+  while the runs go on, and --max-floor's verdict on it.
+- floors.json, a folder's floors and verdicts as data: `floors_record`, `comparison_entry`, `floors_text` (write),
+  `read_floors` (read, its shape checked), `pairs_ran` (the rounds asked and run).
 """
 
 from __future__ import annotations
@@ -141,15 +144,18 @@ def noise_floor(self_ratios: list[float]) -> float | None:
     return max(abs(r - 1) for r in self_ratios) if len(self_ratios) >= MIN_PAIRS else None
 
 
-def verdict(ratios: list[float], floor: float | None, disturbed: int = 0, pairs: int | None = None) -> str:
+def verdict(
+    ratios: list[float], floor: float | None, disturbed: int = 0, pairs: int | None = None, refused: str | None = None
+) -> str:
     """The verdict of a comparison from its undisturbed pair ratios `ratios`: "faster" when every one is above 1 +
     floor, "slower" when every one is below 1 - floor, else "no measurable difference" (the pairs disagree, or
     straddle 1 within the noise). No verdict from fewer than MIN_PAIRS pairs (`pairs`, default len(ratios)): then
     "disturbed" when `disturbed` pairs were left out and re-runs did not replace them, else "no verdict: N pair(s),
-    3 needed"; none without a noise floor (`floor` None): "no verdict: no noise floor". Where the floor is wider than
-    NOISY_FLOOR, pairs within it read "no verdict: noise floor ±N %", not "no measurable difference" (a copy of one
-    run strayed that far: these windows cannot resolve a smaller effect on this machine, and "no difference" would
-    read as a finding); pairs all beyond it are still faster or slower.
+    3 needed"; none without a noise floor (`floor` None): "no verdict: no noise floor"; none where the bench refused
+    verdicts (`refused`, `refusal`'s words: a floor past --max-floor): "no verdict: <refused>". Where the floor is
+    wider than NOISY_FLOOR, pairs within it read "no verdict: noise floor ±N %", not "no measurable difference" (a
+    copy of one run strayed that far: these windows cannot resolve a smaller effect on this machine, and "no
+    difference" would read as a finding); pairs all beyond it are still faster or slower.
     "not measured" without any ratio."""
     n = len(ratios) if pairs is None else pairs
     if not ratios:
@@ -158,6 +164,8 @@ def verdict(ratios: list[float], floor: float | None, disturbed: int = 0, pairs:
         return "disturbed" if disturbed else f"no verdict: {n} pair{'s' * (n != 1)}, {MIN_PAIRS} needed"
     if floor is None:
         return "no verdict: no noise floor"
+    if refused:
+        return f"no verdict: {refused}"
     if min(ratios) > 1 + floor:
         return "faster"
     if max(ratios) < 1 - floor:
@@ -175,6 +183,28 @@ def ratio_cell(ratios: list[float], floor: float | None, short: bool = False) ->
     median, lo, hi = s
     text = f"{median:.2f}×" + (f" ({lo:.2f}–{hi:.2f})" if len(ratios) > 1 else " (1 pair)")
     return text if short else f"{text}, {verdict(ratios, floor)}"
+
+
+def refusal(floor: float | None, max_floor: float | None) -> str | None:
+    """Why the bench gives no verdict when the noise floor `floor` (a fraction) is past `max_floor` (--max-floor, a
+    fraction): "noise floor ±N % past --max-floor M %"; None where either is None or the floor is within it."""
+    if floor is None or max_floor is None or floor <= max_floor:
+        return None
+    return f"noise floor ±{100 * floor:.1f} % past --max-floor {100 * max_floor:g} %"
+
+
+def too_busy(floor: float, max_floor: float) -> str:
+    """The bench's line where the noise floor `floor` is past --max-floor `max_floor` (fractions)."""
+    past = f"noise floor ±{100 * floor:.1f} % is past --max-floor {100 * max_floor:g} %"
+    return f"{past}: this host is too busy for verdicts"
+
+
+def floor_now(runs, plan: list[tuple[Comparison, int, int, int]], matrix: list[dict]) -> float | None:
+    """The noise floor (a fraction) the self pairs of `plan` give from the runs that have finished (`runs`, runs.csv's
+    rows so far): `noise_floor` of their undisturbed ratios (`pair_ratios`), what the tables will print for the same
+    runs. None until 3 undisturbed self pairs have run."""
+    mine = [p for p in plan if is_self_pair(p[0], matrix)]
+    return noise_floor([r for ratios in pair_ratios(runs, mine).values() for r in ratios]) if mine else None
 
 
 def is_self_pair(comparison: Comparison, matrix: list[dict]) -> bool:
@@ -418,3 +448,173 @@ def read_plan(table) -> list[tuple[Comparison, int, int, int]]:
         (Comparison(r.row, r.reference, r.kind), int(r.round), int(r.row_job), int(r.reference_job))
         for r in table.itertuples()
     ]
+
+
+def pairs_ran(
+    runs, plan: list[tuple[Comparison, int, int, int]], asked: int | None = None
+) -> tuple[int | None, int | None]:
+    """(asked, ran): the interleaved rounds the bench planned (`asked`, default: the rounds of `plan` in which every
+    comparison has a pair, counted from round 0: a re-run of a disturbed pair adds a round of fewer comparisons) and
+    the fewest pairs of those rounds that any comparison ran (both of its runs have a row in `runs`, runs.csv, that
+    was not interrupted; ok or failed alike): below `asked` where the bench stopped before its plan's end (a
+    timeout, Ctrl-C, --max-floor). (None, None) for a plan without pairs."""
+    if not plan:
+        return None, None
+    compared = list(dict.fromkeys(c for c, *_ in plan))
+    if asked is None:
+        by_round: dict[int, set] = {}
+        for c, r, _, _ in plan:
+            by_round.setdefault(r, set()).add(c)
+        asked = 0
+        while by_round.get(asked) == set(compared):
+            asked += 1
+    done = set()
+    if runs is not None and "job" in runs and "status" in runs:
+        finished = runs[runs.job.notna() & runs.status.notna() & (runs.status != "interrupted")]
+        done = {int(j) for j in finished.job}
+    ran = {c: 0 for c in compared}
+    for c, r, a, b in plan:
+        if 0 <= r < asked and a in done and b in done:
+            ran[c] += 1
+    return asked, min(ran.values())
+
+
+# floors.json: a result folder's noise floors and its comparisons' verdicts as data, beside summary.csv. The bench
+# writes it with table.md (bench.py write_tables), a study with its own table (bench/studies), and
+# `bench.py --floors-only` for a folder written before it; results/README.md and the pages read it
+# (bench/pages/results_index.py), never the floors printed in Markdown. docs/bench.md describes its keys.
+FLOORS = "floors.json"
+FLOORS_FORMAT = 1
+MEASURES = {  # what a comparison's ratio is of (floors.json's `measure`); above 1 the row is ahead
+    "rate": "the row's images/s (tokens/s for a language model) over the reference's in the same pair",
+    "time_to_target": "the reference's training seconds to the target over the row's in the same pair (x sooner)",
+}
+
+
+def comparison_entry(
+    row: str, reference: str, kind: str, measure: str, ratios: list[float], floor: float | None, disturbed: int = 0
+) -> dict:
+    """floors.json's entry for one comparison from its undisturbed pair ratios (a study's; the bench reads its
+    summary instead, summary.floor_comparisons): the median ratio, its min-max (`lo`, `hi`; None without a ratio),
+    `pairs`, the `disturbed` pairs left out, the `verdict` against `floor` (`verdict`) and that floor."""
+    s = spread(ratios)
+    median, lo, hi = s if s is not None else (None, None, None)
+    return {"row": row, "reference": reference, "kind": kind, "measure": measure, "ratio": median, "lo": lo, "hi": hi,
+            "pairs": len(ratios), "disturbed": disturbed, "verdict": verdict(ratios, floor, disturbed),
+            "floor": floor}  # fmt: skip
+
+
+def floors_record(
+    floor: float | None,
+    comparisons: list[dict],
+    written_by: str,
+    target_floor: float | None = None,
+    pairs_asked: int | None = None,
+    pairs_run: int | None = None,
+    stopped: str | None = None,
+    max_floor: float | None = None,
+    measures: dict[str, str] | None = None,
+) -> dict:
+    """floors.json's object: `floor`, the noise floor of the rates (a fraction: max |ratio - 1| over the self pairs'
+    undisturbed ratios; None where fewer than 3 ran), `target_floor` (the same of the times to a target; None where
+    no self pair ran to one), `comparisons` (entries as `comparison_entry` makes them, each with the floor its
+    verdict stands against), who wrote it, the rounds asked and the fewest a comparison ran (`pairs_ran`), why the
+    runs stopped before the plan's end (None where they did not), --max-floor as a fraction (None: not given), and
+    what each comparison's `measure` is a ratio of (MEASURES, and a study's own `measures`)."""
+    known = {**MEASURES, **(measures or {})}
+    return {
+        "format": FLOORS_FORMAT,
+        "written_by": written_by,
+        "floor": floor,
+        "target_floor": target_floor,
+        "max_floor": max_floor,
+        "pairs_asked": pairs_asked,
+        "pairs_run": pairs_run,
+        "stopped": stopped,
+        "measures": {m: known[m] for m in dict.fromkeys(c["measure"] for c in comparisons) if m in known},
+        "comparisons": comparisons,
+    }
+
+
+def floors_text(record: dict) -> str:
+    """floors.json's text (JSON, 2-space indent; NaN written as null). Raises ValueError where `record` does not pass
+    `check_floors`."""
+    import json
+    import math
+
+    def clean(value):
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        if hasattr(value, "item") and not isinstance(value, str):  # a numpy scalar from a DataFrame
+            return clean(value.item())
+        return value
+
+    record = clean(record)
+    check_floors(record)
+    return json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
+def _want(ok: bool, problem: str) -> None:
+    """Raise ValueError(problem) unless `ok`: floors.json's checks, each a line."""
+    if not ok:
+        raise ValueError(problem)
+
+
+def _number(value, bounded: bool = True) -> bool:
+    """Whether `value` is null or a finite non-negative number (at most 1e6 where `bounded`: a fraction)."""
+    import math
+
+    if value is None:
+        return True
+    real = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return real and value >= 0 and (value <= 1e6 or not bounded)
+
+
+def _whole(value) -> bool:
+    return value is None or (isinstance(value, int) and not isinstance(value, bool) and value >= 0)
+
+
+def check_floors(record) -> dict:
+    """`record` if it has floors.json's shape (`floors_record`), else ValueError with what is wrong, in one line: a
+    JSON object of format FLOORS_FORMAT whose floors are non-negative numbers or null, whose `comparisons` are
+    objects each with text `row`, `reference`, `kind`, `measure` and `verdict`, numbers or null for `ratio`, `lo`,
+    `hi` and `floor`, and whole numbers or null for `pairs` and `disturbed`; `pairs_asked` and `pairs_run` whole
+    numbers or null, `stopped` text or null."""
+    _want(isinstance(record, dict), f"not a JSON object but {type(record).__name__}")
+    _want(record.get("format") == FLOORS_FORMAT, f"format {record.get('format')!r}, not {FLOORS_FORMAT}")
+    for key in ("floor", "target_floor", "max_floor"):
+        _want(_number(record.get(key)), f"{key} is {record.get(key)!r}, not a non-negative number or null")
+    for key in ("pairs_asked", "pairs_run"):
+        _want(_whole(record.get(key)), f"{key} is {record.get(key)!r}, not a whole number or null")
+    stopped = record.get("stopped")
+    _want(stopped is None or isinstance(stopped, str), f"stopped is {stopped!r}, not text or null")
+    comparisons = record.get("comparisons")
+    _want(isinstance(comparisons, list), f"comparisons is {type(comparisons).__name__}, not a list")
+    for k, c in enumerate(comparisons):
+        _want(isinstance(c, dict), f"comparisons[{k}] is {type(c).__name__}, not an object")
+        for key in ("row", "reference", "kind", "measure", "verdict"):
+            _want(isinstance(c.get(key), str), f"comparisons[{k}].{key} is {c.get(key)!r}, not text")
+        for key in ("ratio", "lo", "hi", "floor"):
+            _want(_number(c.get(key), bounded=False), f"comparisons[{k}].{key} is {c.get(key)!r}, not a number or null")
+        for key in ("pairs", "disturbed"):
+            _want(_whole(c.get(key)), f"comparisons[{k}].{key} is {c.get(key)!r}, not a whole number or null")
+    return record
+
+
+def read_floors(folder) -> dict | None:
+    """A result folder's floors.json (`floors_record`'s object), None where the folder has none. Raises ValueError,
+    one line naming the file, where it cannot be read or is not JSON of that shape (`check_floors`)."""
+    import json
+    from pathlib import Path
+
+    path = Path(folder) / FLOORS
+    if not path.exists():
+        return None
+    try:
+        return check_floors(json.loads(path.read_text()))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as error:
+        raise ValueError(f"{path}: {str(error).splitlines()[0] if str(error) else type(error).__name__}") from None

@@ -39,11 +39,12 @@ def markdown(table: pd.DataFrame) -> str:
 
 
 def table_markdown(
-    summary: pd.DataFrame, env: dict, profile: str, repeats: str, noise: dict | None = None, out=None
+    summary: pd.DataFrame, env: dict, profile: str, repeats: str, noise: dict | None = None, out=None, stop: str = ""
 ) -> str:
     """table.md: hardware, versions, commit and the noise floor (`noise`: the self pairs' ratios and the floor they
-    give, see pairs.noise_floor) in the header, then the ladder(s), the training table, the memory, sweep, ablation
-    and input-pipeline tables."""
+    give, see pairs.noise_floor) in the header, with `stop` after it (where the runs stopped before the plan's end,
+    or a floor past --max-floor left every comparison without a verdict: bench.py's line; "" for none), then the
+    ladder(s), the training table, the memory, sweep, ablation and input-pipeline tables."""
     is_loader = (
         summary.script.astype(str).str.startswith("loader")
         | summary.get("loader", pd.Series(index=summary.index, dtype=object)).notna().to_numpy()
@@ -53,7 +54,8 @@ def table_markdown(
     header = (
         f"# Benchmark, profile `{profile}` (run {when})\n\n{hardware_line(env)}\n\n{provenance_line(out, env)}\n\n"
         f"{noise_line(noise)}\n\n"
-        "images/s: global (summed over processes), steady state (warm-up steps excluded), median over the row's runs "
+        + (f"{stop}\n\n" if stop else "")
+        + "images/s: global (summed over processes), steady state (warm-up steps excluded), median over the row's runs "
         '(min–max in brackets when it ran more than once); "not measured" when a run had no step after its warm-up. '
         "Ratios (× its base, × the first rung, of its ceiling, × the whole, × the first row or point) come from "
         "interleaved pairs: the two rows ran next to each other, in alternating order (A B, then B A), and each pair "
@@ -198,7 +200,9 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                 }
             )
             if "ac_mode" in rows and rows["ac_mode"].notna().any():  # activation checkpointing: what it recomputes
-                table[-1]["FLOPs per sample ×"] = x_cell(ratio_of(r.get("flops_per_image"), first.get("flops_per_image")))
+                table[-1]["FLOPs per sample ×"] = x_cell(
+                    ratio_of(r.get("flops_per_image"), first.get("flops_per_image"))
+                )
             if "pad_share" in rows and rows["pad_share"].notna().any():  # variable-length batches
                 table[-1]["pad share"] = fmt(r.get("pad_share"), ".1%")
             if "allreduce_mib_per_step" in rows and rows["allreduce_mib_per_step"].notna().any():  # comm hooks
@@ -207,7 +211,9 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                 table[-1]["compile (s)"] = fmt(r.get("compile_s"), ".1f")
                 table[-1]["graphs compiled"] = fmt(r.get("graphs_compiled"), ".0f")
             if "checkpoint_s" in rows and rows["checkpoint_s"].notna().any():  # sync / async checkpoints
-                table[-1]["stall per checkpoint (s)"] = fmt(ratio_of(r.get("checkpoint_s"), r.get("checkpoints")), ".3f")
+                table[-1]["stall per checkpoint (s)"] = fmt(
+                    ratio_of(r.get("checkpoint_s"), r.get("checkpoints")), ".3f"
+                )
             if "bubble_theory" in rows and rows["bubble_theory"].notna().any():  # a pipeline row: its idle share
                 table[-1]["pipeline bubble (measured / theory)"] = (
                     f"{fmt(r.get('bubble_measured'), '.0%')} / {fmt(r.get('bubble_theory'), '.0%')}"

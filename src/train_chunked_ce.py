@@ -1,20 +1,22 @@
 r"""Chunked cross-entropy: train.py + the head and the loss over chunks of tokens, the logits never held whole.
 
 A language model's last Linear maps every token's hidden vector (width d) to a score per vocabulary entry (V): GPT-2's
-head on 8 x 1,024 tokens makes 8,192 x 50,257 float32 logits, 1.6 GB, and training keeps them (the loss's softmax
-saved for backward) and their gradient, as large, in the same step: more than the 85 M-parameter model's weights,
-gradients and AdamW's moments together. Here the head (`model.head.fc`) and the loss run over `--ce-chunk` tokens at a
-time: each chunk's logits exist only while its loss is taken, and torch.utils.checkpoint recomputes them, one chunk at
-a time, in backward (the head's matmul runs twice: a third more of its FLOPs). The loss is the same mean over the
-batch's targets: each chunk's summed loss divided by the count of targets of the whole batch (a token whose target is
--100, nn.CrossEntropyLoss's ignore_index, counts in neither), so every gradient equals train.py's up to float
-rounding. Liger-Kernel's fused linear cross-entropy (a Triton kernel, GPU) does the same in one pass: it computes each
-chunk's gradient in the forward and recomputes nothing. The tokens stay characters: --vocab-size 50257 gives the head
-and the loss GPT-2's size, which is where the memory goes.
+head on 8 x 1,024 tokens makes 8,192 x 50,257 float32 logits, 1.6 GB; training keeps them, the loss's log-softmax
+(saved for backward) as large, and their gradient in backward: about 4.9 GB, more than GPT-2 small's weights,
+gradients and AdamW's moments (124 M parameters: 2.0 GB). Here the head (`model.head.fc`) and the loss run over
+`--ce-chunk` tokens at a time: each chunk's logits exist only while its loss is taken, and torch.utils.checkpoint
+recomputes them, one chunk at a time, in backward (the head's matmul runs twice: a third more of its FLOPs). The loss
+is the same mean over the batch's targets: each chunk's summed loss divided by the count of targets of the whole
+batch (a token whose target is -100, nn.CrossEntropyLoss's ignore_index, counts in neither), so every gradient equals
+train.py's up to float rounding. Liger-Kernel's fused linear cross-entropy (a Triton kernel, GPU) computes each
+chunk's gradients in the forward instead, while its logits exist, and recomputes nothing. The tokens stay
+characters: --vocab-size 50257 gives the head and the loss GPT-2's size, which is where the memory goes (and
+--test-subset keeps the evaluation's logits, 1,000 blocks a batch, from taking as much).
 
     python src/train_chunked_ce.py --model gpt                      # the GPT on Shakespeare, 84 characters
-    python src/train_chunked_ce.py --model gpt2 --vocab-size 50257 --seq-len 256 --batch-size 4 --max-steps 8
-    python src/train.py --model gpt2 --vocab-size 50257 --seq-len 256 --batch-size 4 --max-steps 8   # the base
+    python src/train_chunked_ce.py --model gpt2 --vocab-size 50257 --seq-len 256 --batch-size 4 --max-steps 8 \
+        --test-subset 8
+    python src/train.py --model gpt2 --vocab-size 50257 --seq-len 256 --batch-size 4 --max-steps 8 --test-subset 8
     diff src/train.py src/train_chunked_ce.py                       # only the lines marked `# new #`
 
 More: docs/techniques/train_chunked_ce.md
@@ -35,7 +37,7 @@ parser.add_argument(  # new #
 )
 args = common.parse_args(parser)
 if args.model not in common.TEXT_MODELS:  # new # a vocabulary's head: a language model's
-    parser.error(f"train_chunked_ce.py chunks a vocabulary's head: --model gpt or gpt2, not {args.model}")  # new #
+    parser.error(f"train_chunked_ce.py chunks a vocabulary's head: a GPT (--model gpt), not {args.model}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 
@@ -71,11 +73,13 @@ def chunked_cross_entropy(hidden, fc, targets, chunk):
     hidden, targets = hidden.flatten(0, 1), targets.flatten()  # (N T, d), (N T,)
 
     def summed_loss(h, y):  # one chunk: its (chunk, V) logits, then their summed loss
-        return nn.functional.cross_entropy(fc(h).float(), y, reduction="sum")
+        return nn.functional.cross_entropy(fc(h), y, reduction="sum")
 
     total = hidden.new_zeros((), dtype=torch.float32)
     for h, y in zip(hidden.split(chunk), targets.split(chunk)):  # backward recomputes each chunk's logits
-        total = total + torch.utils.checkpoint.checkpoint(summed_loss, h, y, use_reentrant=False)
+        total = total + torch.utils.checkpoint.checkpoint(
+            summed_loss, h, y, use_reentrant=False, preserve_rng_state=False
+        )
     return total / (targets != -100).sum()  # the mean over the batch's targets, as train.py's loss takes it
 
 

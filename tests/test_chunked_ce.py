@@ -68,7 +68,9 @@ def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("chunked")
     return {
         "base": train(out / "base", "src/train.py", *GPT, "--max-steps", "8", "--vocab-size", "2048"),
-        "chunked": train(out / "chunked", SCRIPT, *GPT, "--max-steps", "8", "--vocab-size", "2048", "--ce-chunk", "100"),
+        "chunked": train(
+            out / "chunked", SCRIPT, *GPT, "--max-steps", "8", "--vocab-size", "2048", "--ce-chunk", "100"
+        ),
     }
 
 

@@ -1,9 +1,13 @@
 """bench/pages/diff_pages.py: a page per (variant, base) pair with every marked line highlighted, an index whose links
-resolve and whose speed-ups come from the result folders, and both rendered by headless Chromium."""
+resolve and whose speed-ups come from the result folders, and both rendered by headless Chromium. Every measured row
+names its host, folder and noise floor; a self pair is no effect; a floor past ±15 % gives no ratio; a chain's page
+shows its last rung over the root and each rung on the way."""
 
 import html
 import html.parser
+import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -17,6 +21,8 @@ sys.path.insert(0, str(REPO / "bench" / "pages"))
 
 import check_markers  # noqa: E402
 import diff_pages  # noqa: E402
+from cells import cpu_kind  # noqa: E402
+from results_index import floor_pct  # noqa: E402
 
 RESULTS = [REPO / "results" / "cpu-2core-avx512bf16-2026-11-27"]  # the current CPU ladders (results/current.toml)
 
@@ -176,3 +182,90 @@ def test_bad_results_folder_is_one_line(tmp_path):
     proc = run("bench/pages/diff_pages.py", "--out", tmp_path / "o", "--results", tmp_path, timeout=60)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "has no summary.csv" in proc.stderr.splitlines()[-1]
+
+
+def test_the_chain_page_shows_the_last_rung_over_the_root_and_each_rung_on_the_way(pages):
+    """chain-train_fast.html once said "Not measured" beside a ladder the folder measured (its rows were never passed
+    to the chain's page): each train_fast.py row over train.py, and the ratio of every rung its pairs climbed."""
+    text = (pages / "chain-train_fast.html").read_text()
+    summary = pd.read_csv(RESULTS[0] / "summary.csv")
+    by_config = {r["config"]: r for r in summary.to_dict("records")}
+    fast = summary[(summary.script == "train_fast.py") & (summary.status == "ok") & summary.speedup.notna()]
+    assert len(fast) >= 1 and "Not measured" not in text
+    for r in fast.to_dict("records"):
+        assert f"{r['speedup']:.2f}×" in text and html.escape(r["config"]) in text, r["config"]
+        rung = r
+        while isinstance(rung.get("rung_base"), str):  # each rung of the pairs' ladder, its ratio over the one below
+            assert f"{rung['script']} <b>{rung['speedup_rung']:.2f}×</b>" in text, rung["config"]
+            rung = by_config[rung["rung_base"]]
+
+
+FOLDERS = sorted(p.parent for p in (REPO / "results").glob("*/summary.csv"))  # what the pages read by default
+
+
+@pytest.fixture(scope="module")
+def every_folder(tmp_path_factory):
+    """The pages as diff_pages.py writes them by default: from every folder of results/ with a summary.csv."""
+    out = tmp_path_factory.mktemp("every")
+    diff_pages.write(out, results=FOLDERS)
+    return out
+
+
+def measured_entries(out: Path) -> list[tuple[str, str, str]]:
+    """Every measured row on every page of `out` (an item of a page's list, a line of the index's effect cells):
+    (page, its text, its folder)."""
+    found = []
+    for page in sorted(out.glob("*.html")):
+        for part in re.split(r"<br>|<li>|</li>|</td>", page.read_text()):
+            folder = re.search(r"<code>(results/[^<]+)</code>", part)
+            if folder:
+                found.append((page.name, html.unescape(re.sub(r"<[^>]+>", "", part)), folder[1]))
+    return found
+
+
+def test_every_number_on_the_html_pages_names_its_host_its_folder_and_its_floor(every_folder):
+    """train_amp.py's 1.36× on an AVX512-BF16 EPYC and its 0.19× where torch's kernels were kept at AVX2 once both
+    read "CPU, 2 cores": each row names the GPUs, else the CPU's model, cores and kind, and its folder's floor."""
+    entries = measured_entries(every_folder)
+    assert {page for page, _, _ in entries} >= {"index.html", "diff-train_amp.html", "chain-train_fast.html"}
+    for page, text, folder in entries:
+        env = json.loads((REPO / folder / "env.json").read_text())
+        if env.get("gpus"):
+            assert f"{len(env['gpus'])} × {env['gpus'][0]}" in text, (page, text)
+        else:
+            assert f"{env['cpu_model']}, {env['cpu_count']} cores ({cpu_kind(env)})" in text, (page, text)
+        floor = floor_pct(REPO / folder)
+        assert (f"noise floor ±{floor:.1f} %" if floor is not None else "no noise floor measured") in text, text
+    amp = {  # the same row on two hosts: their kinds tell them apart
+        folder: text for page, text, folder in entries if page == "index.html" and "(train_amp.py cnn, bf16, " in text
+    }
+    fast_host = amp["results/cpu-2core-avx512bf16-2026-11-27"]
+    slow_host = amp["results/cpu-2core-limited-to-avx2-2026-11-29-b"]
+    assert "1.36×" in fast_host and "2 cores (AVX512-BF16)" in fast_host, fast_host
+    assert "0.19×" in slow_host and "2 cores (AVX512-BF16, limited to AVX2)" in slow_host, slow_host
+
+
+def test_a_self_pair_is_the_floor_not_a_technique_s_effect(every_folder):
+    """A row measured against a copy of itself (`same_as`: "train_DDP.py vit, 2 processes (gloo), again") is the
+    folder's noise floor, which every row names; it is listed as no technique's effect."""
+    copies = {
+        (f"results/{folder.name}", r["config"])
+        for folder in FOLDERS
+        for r in pd.read_csv(folder / "summary.csv").to_dict("records")
+        if isinstance(r.get("same_as"), str)
+    }
+    assert any("train_DDP.py" in config for _, config in copies)  # a variant's self pair, once listed as its effect
+    for page, text, folder in measured_entries(every_folder):
+        for copy_folder, config in copies:
+            assert not (folder == copy_folder and f" {config}, " in f" {text}"), (page, config)
+
+
+def test_no_html_page_shows_a_ratio_from_a_folder_whose_floor_is_past_15_percent(every_folder):
+    """As on the Markdown pages (bench/pages/pages.py's `allowed`): past ±15 % a copy of one run strayed that far, so
+    the folder's ratios are noise; its rows say "no verdict (floor ±N %)" and keep their rates."""
+    noisy = [(page, text, folder) for page, text, folder in measured_entries(every_folder)
+             if (floor_pct(REPO / folder) or 0) > 15]  # fmt: skip
+    assert noisy, "no folder of results/ has a floor past ±15 %: this test would prove nothing"
+    for page, text, folder in noisy:
+        assert not re.search(r"\d\.\d\d×", text), (page, folder, text)
+        assert "no verdict (floor ±" in text, (page, folder, text)

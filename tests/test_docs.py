@@ -306,8 +306,8 @@ def unheld_numbers(text: str) -> list[tuple[int, str, list[str]]]:
 
 
 def floor_pct(folder: str) -> float | None:
-    """A result folder's noise floor in percent (bench/pages/results_index.py reads its table.md), None where it has
-    none."""
+    """A result folder's noise floor in percent (bench/pages/results_index.py reads its floors.json), None where it
+    has none."""
     sys.path.insert(0, str(REPO / "bench" / "pages"))
     import results_index
 
@@ -741,7 +741,7 @@ def index_cells(index: str, name: str) -> dict[str, str]:
 def test_the_results_index_reads_every_folder_as_its_pages_do():
     """results/README.md gives each folder the commit its tables' provenance line names (provenance.json's
     correction before env.json: the GPU activation-checkpointing folder's ef6c920bdd, not 823157c), the noise floor
-    its pages read (its table.md's, else its README.md's: the nanoGPT side by side states one), and counts no verdict
+    its pages read (its floors.json's: the nanoGPT side by side's study writes one too), and counts no verdict
     where no floor was measured (the small ViT's defaults, whose technique page prints "no verdict")."""
     sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "bench"), str(REPO / "src")]
     import results_index

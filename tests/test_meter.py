@@ -3,6 +3,7 @@ causal attention: causal SDPA counted over the lower triangle of its scores, dia
 counting convention, the useful FLOPs, not what every kernel computes: torch's CPU kernel computes about the whole
 product up to 512 tokens), against the whole product counted for the written-out attention and an explicit mask."""
 
+import contextlib
 import functools
 import math
 
@@ -87,6 +88,31 @@ def test_the_probe_step_runs_eagerly_is_counted_and_stays_out_of_the_window(monk
     assert stats["flops_per_image"] == 2 * 4 * 8 * 16 / 4 and stats["activation_mib"] == (4 * 8 + 4 * 16) * 4 / 2**20
     assert stats["excluded_steps"] == 1 and stats["measured_steps"] == 3
     assert stats["images_per_s"] == pytest.approx(3 * 4 / 0.03)  # 12 images in 30 ms, the probe's 3 s left out
+
+
+def test_a_probe_step_that_raises_or_is_left_closes_what_it_opened(monkeypatch):
+    """An exception inside the probe step, or a loop that leaves it (SIGTERM's break, then pause()): the stance is
+    back to default, no dispatch mode or saved-tensor hook is left on as soon as the loop is left (a traceback's
+    process goes on with none of them), and nothing partial is reported (no FLOPs, no activations)."""
+    import torch._dynamo  # noqa: F401  (a compiled script's process: the stance is set)
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    for leave in ("raise", "break"):
+        meter = common.Meter(torch.device("cpu"), warmup_steps=1)
+        meter.resume()
+        with pytest.raises(RuntimeError) if leave == "raise" else contextlib.nullcontext():
+            for step, _ in enumerate(meter.loader([None] * 4)):
+                if step == 1:  # the probe step
+                    assert torch._dynamo.eval_frame._stance.stance == "force_eager"
+                    (torch.randn(2, 3, requires_grad=True) * 2).sum()
+                    if leave == "raise":
+                        raise RuntimeError("a bug in the step")
+                    break
+                meter.step(2)
+        assert torch._dynamo.eval_frame._stance.stance == "default" and not _get_current_dispatch_mode_stack()
+        assert not torch._C._autograd._top_saved_tensors_default_hooks(True)  # before pause(): the loop closed them
+        stats = meter.summary()
+        assert stats["flops_per_image"] is None and stats["activation_mib"] is None, leave
 
 
 def test_the_blocked_step_time_is_the_median_block_and_ignores_one_disturbed_block():

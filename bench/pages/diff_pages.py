@@ -8,7 +8,11 @@ Static HTML with inline CSS: no server, no network, no JavaScript. index.html sh
 and peak memory measured in the result folders (default: every folder under results/ with a summary.csv, newest
 first; per folder, the largest model first); one page per variant shows base and variant side by side, and one page
 per rung two or more down its chain (chain-<rung>.html, e.g. train.py -> train_fast.py) shows which rung introduced
-each marked line.
+each marked line, and the last rung's measured rows: over the chain's root, and rung by rung on the way.
+Every number names its host (the GPUs, else the CPU, its cores and its kind: AVX512-BF16, AVX2 only, or limited to
+AVX2), its folder and the folder's noise floor; a self pair (a row against a copy of itself) is that floor, never an
+effect; and a folder whose floor is past ±15 % gives no ratio (bench/pages/pages.py's `allowed`, as on the Markdown
+pages).
 The module docstring is each script's own text (what it shows, its run lines): shown in blue, never compared. The
 alignment is the marker checker's (bench/pages/check_markers.py: its parser and its minimal diff of logical lines), so
 both see the same statements: unchanged statements face each other, changed ones sit in one row, and each line the
@@ -31,8 +35,10 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "bench" / "pages"), str(REPO / "bench"), str(REPO / "src")]  # check_markers, tables, common
 
+from cells import cell_text, cpu_kind, pair_cell, rate_text  # noqa: E402
 from check_markers import Parsed, compare, declared_base, opcodes, pairs, parse, title, tree  # noqa: E402
-from cells import cpu_kind, rate_text  # noqa: E402
+from pages import allowed, floor_of  # noqa: E402  the Markdown pages' rule: no ratio from a floor past ±15 %
+from pairs import NOISY_FLOOR  # noqa: E402
 from tables import compared_cell  # noqa: E402
 
 import common  # noqa: E402
@@ -139,7 +145,7 @@ def page(base: Path, variant: Path, measured: list[dict], chain: list[Path] | No
         f"{variant.name} vs {base.name}",
         f'<p><a href="index.html">all techniques</a></p><h1>{html.escape(variant.name)} '
         f'<span class="muted">vs {html.escape(base.name)}</span></h1>'
-        f"<p>{html.escape(heading)}</p>{measured_html(measured)}"
+        f"<p>{html.escape(heading)}</p>{measured_html(measured, chain)}"
         f'<p class="legend"><span class="new">added or changed, marked <code># new #</code></span>'
         f'<span class="old">in the base, replaced or removed</span> {n_marked} marked statements; '
         f"the right-hand column is the explanation after each marker. Same as "
@@ -188,8 +194,13 @@ def technique(variant: Path) -> str:
 
 def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
     """Per script name: its ok rows in the result folders' summary.csv that were compared with a reference in
-    interleaved pairs, each with its folder, hardware and comparison (median, spread, verdict), plus the peak memory
-    of its reference configuration (GiB), newest folder first."""
+    interleaved pairs, each with its folder, host (the GPUs, else the CPU's model, cores and kind: "AVX512-BF16",
+    "AVX2 only", "AVX512-BF16, limited to AVX2"), the folder's noise floor, its comparison (median, spread, verdict as
+    the floor allows it: bench/pages/pages.py's `allowed`, so a floor past ±15 % gives no ratio, as on the Markdown
+    pages), the ratio over the profile's `baseline` row (`whole`, where the row has one), the rungs its comparison
+    climbs (`ladder`: the row, its `rung_base`, that row's, ... each with its comparison) and the peak memory of its
+    reference configuration (GiB), newest folder first. A self pair (a row `same_as` another: the row against a copy
+    of itself) is no technique's effect: its spread is the folder's floor, which every row names."""
     found: dict[str, list[dict]] = {}
     folders = []
     for folder in results:
@@ -200,28 +211,49 @@ def measured_rows(results: list[Path]) -> dict[str, list[dict]]:
     for _, folder, env in sorted(folders, key=lambda f: f[0], reverse=True):
         table = pd.read_csv(folder / "summary.csv")
         by_config = {r["config"]: r for r in table.to_dict("records")}
+        floor = floor_of(folder)
+        floor_text = f"noise floor ±{100 * floor:.1f} %" if floor is not None else "no noise floor measured"
         gpus = env.get("gpus") or []
         cpu = f"{env.get('cpu_model') or 'CPU'}, {env.get('cpu_count', '?')} cores ({cpu_kind(env)})"  # the host
         hardware = f"{len(gpus)} × {gpus[0]}" if gpus else cpu
         size = {"resnet50": 0, "resnet18": 1, "cnn": 2, "mlp": 3}
         for r in sorted(table.to_dict("records"), key=lambda r: size.get(r.get("model"), 4)):  # largest model first
-            compared = compared_cell(r) if r.get("status") == "ok" else "–"
+            if r.get("status") != "ok" or cell_text(r.get("same_as")):  # a self pair: the floor, not an effect
+                continue
+            compared = compared_cell(r)
             if compared == "–":  # only what interleaved pairs measured against a reference
                 continue
-            reference = by_config.get(r.get("rung_base") or r.get("ablation_of") or r.get("same_as"), {})
+            reference = by_config.get(r.get("rung_base") or r.get("ablation_of"), {})
+            baseline = cell_text(r.get("baseline"))
+            whole = pair_cell(r, "speedup")
             found.setdefault(r["script"], []).append(
                 {
                     "folder": folder.resolve().relative_to(REPO) if folder.resolve().is_relative_to(REPO) else folder,
                     "hardware": hardware,
+                    "floor": floor_text,
                     "config": r["config"],
                     "images_per_s": r.get("images_per_s"),
                     "rate": rate_text(r),  # tokens/s for a language model
-                    "compared": compared,
+                    "compared": allowed(compared, floor),
+                    "whole": allowed(f"{whole} over {baseline}", floor) if whole != "–" and baseline else "",
+                    "baseline_script": cell_text(by_config.get(baseline, {}).get("script")),
+                    "ladder": ladder(r, by_config, floor),
                     "mem": _memory(r),
                     "base_mem": _memory(reference),
                 }
             )
     return found
+
+
+def ladder(row: dict, by_config: dict[str, dict], floor: float | None) -> list[tuple[str, str]]:
+    """The rungs a row's comparison climbs, root first: (script, comparison as the floor allows it) for the row, the
+    row its `rung_base` names, that row's, and so on while a rung's base has a `rung_base` of its own."""
+    steps, seen = [], set()
+    while row and cell_text(row.get("rung_base")) and row["config"] not in seen:
+        seen.add(row["config"])
+        steps.insert(0, (row["script"], allowed(compared_cell(row), floor)))
+        row = by_config.get(row["rung_base"], {})
+    return steps
 
 
 def _memory(row: dict) -> str:
@@ -232,18 +264,43 @@ def _memory(row: dict) -> str:
     return "–"
 
 
-def measured_html(rows: list[dict]) -> str:
+def _bold_ratio(cell: str) -> str:
+    """A comparison's cell as HTML, its median ratio in bold ("no verdict (floor ±26 %) over x" has none)."""
+    median, _, rest = cell.partition(" ")
+    if median.endswith("×"):
+        return f"<b>{html.escape(median)}</b> {html.escape(rest)}"
+    return html.escape(cell)
+
+
+def where(r: dict) -> str:
+    """Where a row's numbers come from: its configuration, the host, the folder's floor and the folder."""
+    return (
+        f"<i>{html.escape(r['config'])}</i>, {html.escape(r['hardware'])}, {html.escape(r['floor'])}, "
+        f"<code>{html.escape(str(r['folder']))}</code>"
+    )
+
+
+def measured_html(rows: list[dict], chain: list[Path] | None = None) -> str:
+    """The page's measured rows, each with its host, floor and folder. With `chain` (a chain's page), a row of the
+    last rung measured against a row of the root also shows that whole ratio and each rung's own on the way."""
     if not rows:
         return '<p class="muted">Not measured in the result folders given: run <code>bash run_all.sh</code>.</p>'
     items = []
     for r in rows:
-        median, rest = r["compared"].split(" ", 1)
-        items.append(
-            f"<li><b>{html.escape(median)}</b> {html.escape(rest)} ({html.escape(r['rate'])}; interleaved "
-            f"pairs: median, min–max, verdict), {html.escape(r['mem'])} (its reference {html.escape(r['base_mem'])}): "
-            f"<i>{html.escape(r['config'])}</i>, {html.escape(r['hardware'])}, "
-            f"<code>{html.escape(str(r['folder']))}</code></li>"
+        own = (
+            f"{_bold_ratio(r['compared'])} ({html.escape(r['rate'])}; interleaved pairs: median, min–max, verdict), "
+            f"{html.escape(r['mem'])} (its reference {html.escape(r['base_mem'])})"
         )
+        if chain and r["whole"] and r["baseline_script"] == chain[0].name:  # the last rung over the chain's root
+            own = (
+                f"{_bold_ratio(r['whole'])}: {html.escape(chain[-1].name)} over {html.escape(chain[0].name)} "
+                f"({html.escape(r['rate'])}; interleaved pairs: median, min–max, verdict)"
+            )
+            if len(r["ladder"]) > 1:  # the pairs climbed rung by rung: each rung over the one below it
+                own += "; rung by rung: " + "; ".join(
+                    f"{html.escape(script)} {_bold_ratio(cell)}" for script, cell in r["ladder"]
+                )
+        items.append(f"<li>{own}: {where(r)}</li>")
     return "<ul>" + "".join(items) + "</ul>"
 
 
@@ -274,8 +331,7 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
         written.append(_write(out / page_name(variant), page(base, variant, rows)))
         effect = (
             "<br>".join(
-                f"{html.escape(r['compared'])} ({html.escape(r['config'])}, {html.escape(r['hardware'])}); "
-                f"{html.escape(r['mem'])} vs {html.escape(r['base_mem'])}"
+                f"{html.escape(r['compared'])} ({where(r)}); {html.escape(r['mem'])} vs {html.escape(r['base_mem'])}"
                 for r in rows
             )
             if rows
@@ -289,7 +345,8 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
     for _, variant in pairs(src):
         chain = chain_of(variant)
         if len(chain) >= 3:  # a rung two or more down from its root: train.py -> ... -> train_fast.py, the ladder
-            written.append(_write(out / chain_page_name(variant), page(chain[0], variant, [], chain)))
+            rows = measured.get(variant.name, [])  # the last rung's rows: over its base, and over the root
+            written.append(_write(out / chain_page_name(variant), page(chain[0], variant, rows, chain)))
             chains.append(
                 f'<li><a href="{chain_page_name(variant)}">{html.escape(" → ".join(c.name for c in chain))}</a></li>'
             )
@@ -300,8 +357,10 @@ def write(out: Path, results: list[Path] | None = None, src: Path = REPO / "src"
         "explanation beside it. Each variant names its base in its docstring's first line, so the scripts form "
         f"chains (each indented under its base):</p><pre>{html.escape(tree(src))}</pre>"
         "<p>Measured effect: every configuration of the technique in the result folders, newest folder first and the "
-        "largest model first, as images/s over the configuration its table compares it with "
-        f"({len(results)} folder(s) read).</p>"
+        "largest model first, as its rate over the configuration its table compares it with in interleaved pairs "
+        "(median, min–max, verdict), each with its host, its folder's noise floor and the folder "
+        f"({len(results)} folder(s) read). A row against a copy of itself is no effect: its spread is the folder's "
+        f'noise floor. A folder whose floor is past ±{100 * NOISY_FLOOR:.0f} % gives no ratio, only "no verdict".</p>'
         '<table class="pairs"><tr><th>variant</th><th>base</th><th>technique</th><th>measured effect</th></tr>'
         + "".join(items)
         + "</table><h2>Whole chains</h2><p>A chain's last rung against its root: which rung introduced each line.</p>"

@@ -71,13 +71,14 @@ def floor_of(folder: Path) -> float | None:
 
 
 def target_floor_of(folder: Path) -> float | None:
-    """The noise floor of a folder's times to the target (its table.md's "Time to the target: its noise floor ±N %"),
-    as a fraction; None where it has none."""
-    try:
-        found = re.search(r"Time to the target: its noise floor ±([\d.]+) %", (folder / "table.md").read_text())
-    except OSError:
-        return None
-    return float(found.group(1)) / 100 if found else None
+    """The noise floor of a folder's times to the target, as a fraction: its floors.json's `target_floor`
+    (results_index.floors_of: written by the bench with its tables, by a study with its own), never its Markdown;
+    None where it has none. Raises SystemExit with one line where floors.json is malformed, or missing beside a
+    summary.csv."""
+    from results_index import floors_of
+
+    record = floors_of(folder)
+    return record["target_floor"] if record and record.get("target_floor") is not None else None
 
 
 def allowed(cell: str, floor: float | None) -> str:

@@ -1,7 +1,7 @@
 """results/README.md, the index of the committed results: for each topic of results/current.toml its current folder,
 then every other folder with the pages that still cite it, then the mutation tables and the archive. Each line's
-machine, date, commit, noise floor, runs' time and verdicts are read from the folder (env.json or provenance.json,
-table.md or README.md, runs.csv, summary.csv) the way its pages read it, never typed.
+machine, date, commit, noise floor, runs' time, verdicts and headline are read from the folder (env.json or
+provenance.json, floors.json, runs.csv) the way its pages read it, never typed, and never from its Markdown.
 
     python bench/pages/results_index.py            # write results/README.md
     python bench/pages/results_index.py --check    # exit 1 if results/README.md is not what this would write
@@ -26,16 +26,21 @@ PAGES = ["README.md", "docs/*.md", "docs/techniques/*.md"]
 MAIN_FILES = ("table.md", "README.md", "overhead.md", "cost.json")  # what a folder's link opens, the first it has
 HEADER = """# Results
 
-Written by `python bench/pages/results_index.py` from [`current.toml`](current.toml) (which folder stands for each topic)
-and the folders themselves; do not edit. Every folder holds the logs, metrics and `env.json` of the runs its numbers
-come from. *Scripts' commit*: the commit its tables' provenance line names (`provenance.json`'s correction where a
-folder has one, else `env.json`'s), "(dirty)" where that tree had uncommitted changes; `git diff --stat COMMIT -- src/`
-shows what changed since. *Floor*: the noise floor, the largest spread of a row against a copy of itself, from the
-folder's `table.md` (else its `README.md`); a comparison inside it is "no measurable difference". *Runs' time*: the
-wall seconds of the folder's runs summed (`runs.csv`; the bench's own seconds and the set-up left out). *Verdicts*:
-its comparisons (each row against its base, from its `summary.csv`) by verdict as its floor allows them, as the
-technique pages print them: faster, slower, within the floor, disturbed, or no verdict (too few pairs; no floor
-measured; "no difference" within a floor wider than ±{noisy:.0f} %). Your own runs go to `results/local/` (not committed).
+Written by `python bench/pages/results_index.py` from [`current.toml`](current.toml) (which folder stands for each
+topic) and the folders themselves; do not edit. Every folder holds the logs, metrics and `env.json` of the runs its
+numbers come from. *Scripts' commit*: the commit its tables' provenance line names (`provenance.json`'s correction
+where a folder has one, else `env.json`'s), "(dirty)" where that tree had uncommitted changes; `git diff --stat COMMIT
+-- src/` shows what changed since. *Floor*: the noise floor, the largest spread of a row against a copy of itself,
+from the folder's `floors.json` (the bench writes it beside `summary.csv`, a study beside its table; `python
+bench/bench.py --floors-only --out FOLDER` for a folder made before it); a comparison inside it is "no measurable
+difference". *Runs' time*: the wall seconds of the folder's runs summed (`runs.csv`; the bench's own seconds and the
+set-up left out), and "stopped after N of M pairs" where the runs ended before the plan did (`floors.json`: the fewest
+pairs a comparison ran, of the rounds asked). *Verdicts*: its comparisons (each row against its base, from its
+`floors.json`) by verdict as its floor allows them: faster, slower, within the floor, disturbed, or no verdict (too
+few pairs; no floor measured; "no difference" within a floor wider than ±{noisy:.0f} %); times to a target, and a
+study's other measures, apart. *Headline*: its largest effect, the comparison farthest from 1.00× (either way) whose
+verdict is faster or slower as the technique pages print it (no ratio at all from a floor wider than ±{noisy:.0f} %),
+with the pairs' min–max. Your own runs go to `results/local/` (not committed).
 """
 
 
@@ -58,16 +63,29 @@ def load_topics() -> list[dict]:
     return topics
 
 
+def floors_of(folder: Path) -> dict | None:
+    """A result folder's floors.json (bench/pairs.py floors_record: its noise floors and each comparison's ratio,
+    spread and verdict, written by the bench with its tables or by a study), None where the folder has none (no
+    comparison was made there: a probe, a sweep). Raises SystemExit with one line where the file is malformed, or
+    where the folder has a summary.csv (the bench wrote it) but no floors.json (`bench.py --floors-only` writes it)."""
+    from pairs import FLOORS, read_floors
+
+    try:
+        record = read_floors(folder)
+    except ValueError as error:
+        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {error}") from None
+    if record is None and (folder / "summary.csv").is_file():
+        raise SystemExit(f"{Path(sys.argv[0]).name}: error: {folder}/summary.csv has no {FLOORS} beside it: "
+                         f"python bench/bench.py --floors-only --out {folder}")  # fmt: skip
+    return record
+
+
 def floor_pct(folder: Path) -> float | None:
-    """A result folder's noise floor in percent, from its table.md's header (else its README.md's, where a script
-    other than the bench wrote the folder: bench/studies/nanogpt.py); None where it was not measured."""
-    for name in ("table.md", "README.md"):
-        try:
-            found = re.search(r"Noise floor: ±([\d.]+) %", (folder / name).read_text())
-        except OSError:
-            continue
-        return float(found.group(1)) if found else None
-    return None
+    """A result folder's noise floor of its rates in percent, from its floors.json (`floors_of`: written by the bench
+    beside summary.csv, or by a study such as bench/studies/nanogpt.py); None where it was not measured or the folder
+    has no floors.json. Raises SystemExit (one line) as `floors_of` does."""
+    record = floors_of(folder)
+    return 100 * record["floor"] if record and record["floor"] is not None else None
 
 
 def tracked_folders() -> set[str] | None:
@@ -124,9 +142,6 @@ def floor_of(folder: Path) -> str:
     return f"±{pct:.1f} %" if pct is not None else "not measured"
 
 
-COMPARISONS = ("speedup_rung", "of_whole", "of_ceiling", "x_memory", "x_sweep")  # summary.csv: one cell each
-
-
 def verdict_word(verdict: str) -> str:
     """A summary cell's verdict as the index counts it: its first word(s), anything else "no verdict"."""
     return next((w for w in ("faster", "slower", "no measurable difference", "disturbed") if verdict.startswith(w)),
@@ -134,13 +149,10 @@ def verdict_word(verdict: str) -> str:
 
 
 def target_floor_pct(folder: Path) -> float | None:
-    """The noise floor of a folder's times to a target, in percent, from its table.md's header ("Time to the target:
-    its noise floor ±N %"); None where it has none."""
-    try:
-        found = re.search(r"Time to the target: its noise floor ±([\d.]+) %", (folder / "table.md").read_text())
-    except OSError:
-        return None
-    return float(found.group(1)) if found else None
+    """The noise floor of a folder's times to a target, in percent, from its floors.json's `target_floor`
+    (`floors_of`); None where it has none. Raises SystemExit (one line) as `floors_of` does."""
+    record = floors_of(folder)
+    return 100 * record["target_floor"] if record and record.get("target_floor") is not None else None
 
 
 def judged(word: str, floor_pct_: float | None) -> str:
@@ -156,49 +168,92 @@ def judged(word: str, floor_pct_: float | None) -> str:
     return word
 
 
-def verdicts_of(folder: Path) -> str:
-    """The folder's comparisons by verdict, from its summary.csv: each row's comparison with its base (a rung's,
-    an ablation's whole, a ceiling, a memory table's first row, a sweep's previous point) once; the self pair and
-    the products along a ladder are not comparisons of their own. Each verdict counts as the folder's floor allows it
-    (`judged`): a folder without a floor counts none, whatever its summary says (older folders said otherwise); the
-    times to a target against their own floor."""
-    import pandas as pd
+NOT_OWN = ("same_as", "first_rung", "first_point")  # floors.json's kinds that are no comparison of their own
+MEASURE_WORDS = {  # floors.json's measures: (above 1, below 1, what), as the headline and the verdicts name them
+    "rate": ("faster", "slower", ""),
+    "time_to_target": ("sooner", "later", " to the target"),
+    "time_to_target_incl_compile": ("sooner", "later", " to the target, compile included"),
+    "launch_to_first_step": ("sooner", "later", " to the first step"),
+    "first_step": ("shorter", "longer", " first step"),
+}
 
-    try:
-        summary = pd.read_csv(folder / "summary.csv")
-    except (OSError, pd.errors.EmptyDataError):
+
+def own_comparisons(record: dict | None) -> list[dict]:
+    """A floors.json's comparisons of their own: each row against its base (a rung's, an ablation's whole, a ceiling,
+    a memory table's first row, a sweep's previous point, a study's reference) once per measure; the self pairs and
+    the products along a ladder or sweep are not comparisons of their own."""
+    return [c for c in (record or {}).get("comparisons", []) if c["kind"] not in NOT_OWN]
+
+
+def verdicts_of(folder: Path) -> str:
+    """The folder's comparisons by verdict, from its floors.json (`own_comparisons`), each as the floor it was judged
+    against allows it (`judged`; a time to a target against its own floor): a folder without a floor counts none,
+    whatever its summary says (older folders said otherwise). The rates' counts first, then each other measure's
+    ("; to the target: ..."). "–" without a floors.json, "no comparison" with one that holds none."""
+    record = floors_of(folder)
+    if record is None:
         return "–"
-    floor, target_floor = floor_pct(folder), target_floor_pct(folder)
-    counts: dict[str, int] = {}
-    target: dict[str, int] = {}
-    for r in summary.to_dict("records"):
-        for column in COMPARISONS:
-            verdict = r.get(column + "_verdict")
-            if isinstance(verdict, str) and verdict:
-                word = judged(verdict_word(verdict), floor)
-                counts[word] = counts.get(word, 0) + 1
-        verdict = r.get("x_target_verdict")  # the same pair's time to a target, where the runs went to one
-        if isinstance(verdict, str) and verdict and pd.isna(r.get("x_self")):  # not the self pair
-            word = judged(verdict_word(verdict), target_floor)
-            target[word] = target.get(word, 0) + 1
+    counts: dict[str, dict[str, int]] = {}
+    for c in own_comparisons(record):
+        floor = 100 * c["floor"] if c.get("floor") is not None else None
+        word = judged(verdict_word(c["verdict"]), floor)
+        mine = counts.setdefault(c["measure"], {})
+        mine[word] = mine.get(word, 0) + 1
     order = ("faster", "slower", "no measurable difference", "disturbed", "no verdict")
-    text = ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "no comparison"
-    if target:
-        text += "; to the target: " + ", ".join(f"{target[w]} {w}" for w in order if w in target)
-    return text
+    parts = []
+    for measure, found in sorted(counts.items(), key=lambda item: item[0] != "rate"):  # the rates first
+        text = ", ".join(f"{found[w]} {w}" for w in order if w in found)
+        words = MEASURE_WORDS.get(measure, ("", "", f" ({measure.replace('_', ' ')})"))[2]
+        parts.append(f"{words.strip()}: {text}" if measure != "rate" else text)
+    return "; ".join(parts) or "no comparison"
+
+
+def headline_of(folder: Path) -> str:
+    """The folder's largest effect, from its floors.json: of its own comparisons (`own_comparisons`) whose verdict
+    is faster or slower as the technique pages print it (bench/pages/pages.py `allowed`: none without a floor, and
+    no ratio at all past a floor wider than NOISY_FLOOR), the one whose ratio lies farthest from 1.00× either way
+    (|log ratio|), as "ROW against REFERENCE: R× faster (LO–HI)" (sooner / later for a time to a target). Else why
+    there is none: "none beyond its floor" (each within it), "no verdict (fewer than 3 undisturbed pairs)", "no
+    verdict (floor ±N %)", "no verdict (no noise floor)"; "–" without comparisons."""
+    import math
+
+    from pairs import NOISY_FLOOR
+
+    mine = own_comparisons(floors_of(folder))
+    if not mine:
+        return "–"
+    allowed = [c for c in mine if c.get("floor") is not None and c["floor"] <= NOISY_FLOOR]
+    beyond = [c for c in allowed if verdict_word(c["verdict"]) in ("faster", "slower") and c.get("ratio")]
+    if beyond:
+        best = max(beyond, key=lambda c: abs(math.log(c["ratio"])))
+        above, below, what = MEASURE_WORDS.get(best["measure"], ("faster", "slower", f" ({best['measure']})"))
+        word = above if verdict_word(best["verdict"]) == "faster" else below
+        spread = f" ({best['lo']:.2f}–{best['hi']:.2f})" if best.get("lo") is not None and best.get("hi") else ""
+        return f"{best['row']} against {best['reference']}: {best['ratio']:.2f}× {word}{what}{spread}"
+    if any(judged(verdict_word(c["verdict"]), 100 * c["floor"]) == "no measurable difference" for c in allowed):
+        return "none beyond its floor"
+    if allowed:
+        return "no verdict (fewer than 3 undisturbed pairs)"
+    noisy = [c["floor"] for c in mine if c.get("floor") is not None]
+    return f"no verdict (floor ±{100 * min(noisy):.0f} %)" if noisy else "no verdict (no noise floor)"
 
 
 def runs_time(folder: Path) -> str:
     """How long the folder's runs took: their wall seconds summed from its runs.csv (the bench's own seconds and the
-    set-up left out), "–" without one."""
+    set-up left out), "–" without one; then "stopped after N of M pairs" where its floors.json says the runs ended
+    before the plan did (`pairs_run`, the fewest pairs a comparison ran, below `pairs_asked`, the rounds asked)."""
     import pandas as pd
 
+    record = floors_of(folder) or {}
+    asked, ran = record.get("pairs_asked"), record.get("pairs_run")
+    stop = f"stopped after {ran} of {asked} pairs" if asked is not None and ran is not None and ran < asked else ""
     try:
         seconds = pd.to_numeric(pd.read_csv(folder / "runs.csv")["wall_s"], errors="coerce").sum()
     except (OSError, KeyError, pd.errors.EmptyDataError, pd.errors.ParserError):
-        return "–"
+        return stop or "–"
     minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes} min {rest} s" if minutes else f"{rest} s"
+    spent = f"{minutes} min {rest} s" if minutes else f"{rest} s"
+    return f"{spent}; {stop}" if stop else spent
 
 
 def citing_pages(name: str) -> list[str]:
@@ -220,8 +275,9 @@ def commit_of(folder: Path, env: dict) -> str:
 
 
 def row(name: str, topic: dict | None) -> str:
-    """The index's line for one folder: its link, machine, date, scripts' commit, noise floor (its table.md's, else
-    its README.md's), how long its runs took, its verdicts, and the topic's `what` or the pages citing it."""
+    """The index's line for one folder: its link, machine, date, scripts' commit, noise floor (its floors.json's),
+    how long its runs took (and where they stopped early), its verdicts, its headline, and the topic's `what` or the
+    pages citing it."""
     folder = RESULTS / name
     env = {}
     for record in ("env.json", "provenance.json"):  # provenance.json: tables of other folders' runs
@@ -238,7 +294,7 @@ def row(name: str, topic: dict | None) -> str:
     if floor == "not measured" and not (folder / "table.md").is_file():
         floor = "no table (a probe)"
     cells = [link, machine(env), date_of(folder, env), commit_of(folder, env), floor, runs_time(folder),
-             verdicts_of(folder)]  # fmt: skip
+             verdicts_of(folder), headline_of(folder)]  # fmt: skip
     if topic is not None:
         cells = [topic["name"], *cells, topic["what"]]
     else:
@@ -271,21 +327,27 @@ def render() -> str:
                          "each topic one folder of results/")  # fmt: skip
     from pairs import NOISY_FLOOR
 
-    lines = [HEADER.format(noisy=100 * NOISY_FLOOR), "## Current: the folder each page should quote", "",
-             "| topic | folder | machine | date | scripts' commit | floor | runs' time | verdicts | what |",
-             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    lines += [row(t["folder"], t) for t in topics]
+    lines = [HEADER.format(noisy=100 * NOISY_FLOOR), "## Current: the folder each page should quote", ""]
+    if topics:
+        head = "| topic | folder | machine | date | scripts' commit | floor | runs' time | verdicts | headline | what |"
+        lines += [head, "|---|---|---|---|---|---|---|---|---|---|", *[row(t["folder"], t) for t in topics]]
+    else:
+        lines += ["None: results/current.toml names no topic yet."]
     others = [n for n in folders if n not in named]
     lines += ["", "## Older folders", ""]
     if others:
         lines += ["Superseded by a current folder, kept while a page still cites them (then archived).", "",
-                  "| folder | machine | date | scripts' commit | floor | runs' time | verdicts | cited by |",
-                  "|---|---|---|---|---|---|---|---|", *[row(n, None) for n in others]]  # fmt: skip
+                  "| folder | machine | date | scripts' commit | floor | runs' time | verdicts | headline | cited by |",
+                  "|---|---|---|---|---|---|---|---|---|", *[row(n, None) for n in others]]  # fmt: skip
     else:
         lines += ["None: each folder here is the current one of its topic; superseded ones are in archive/."]
-    lines += ["", "## Mutation tables", "",
-              "Each lesson's realistic bugs and the test that must catch each (`python tests/mutations.py`).", "",
-              "| table | bugs caught |", "|---|---|", *mutation_rows()]  # fmt: skip
+    mutations = mutation_rows()
+    lines += ["", "## Mutation tables", ""]
+    if mutations:
+        lines += ["Each lesson's realistic bugs and the test that must catch each (`python tests/mutations.py`).", "",
+                  "| table | bugs caught |", "|---|---|", *mutations]  # fmt: skip
+    else:
+        lines += ["None yet: `python tests/mutations.py` writes one under results/mutations/."]
     lines += ["", "Archived folders, kept for their logs: [`archive/`](archive/README.md).", ""]
     return "\n".join(lines)
 

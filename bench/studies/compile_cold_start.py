@@ -12,12 +12,12 @@ starts copy. Then --rounds rounds, each running every start of a configuration a
 pair, the noise floor), in an order that reverses from round to round. Measured per run: seconds from the launch to
 the end of the first step (start-up, data, compile), the first step alone (`first_step_s`), and with --to-target the
 GPT's time to 1.70 with compile included; for the rung, Inductor's cache hits and misses (a file start should miss
-nothing; train_fast.py's metrics do not count them). Writes runs.csv, table.md, env.json and logs/ (every run's
-output) to --out.
+nothing; train_fast.py's metrics do not count them). Writes runs.csv, table.md, floors.json (the floors and each
+ratio's spread and verdict as data, what results/README.md reads), env.json and logs/ (every run's output) to --out.
 
     python bench/studies/compile_cold_start.py --out results/compile-cold-start-DATE     # about 45 minutes on 2 cores
     python bench/studies/compile_cold_start.py --configs compile-gpt --rounds 1 --no-to-target --out /tmp/cold
-    python bench/studies/compile_cold_start.py --out results/compile-cold-start-DATE --tables-only   # table.md again
+    python bench/studies/compile_cold_start.py --out results/compile-cold-start-DATE --tables-only   # tables again
 """
 
 import argparse
@@ -35,7 +35,7 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "bench")]
 
 import pandas as pd  # noqa: E402
 from cells import hardware_line  # noqa: E402
-from pairs import noise_floor, ratio_cell  # noqa: E402
+from pairs import FLOORS, comparison_entry, floors_record, floors_text, noise_floor, ratio_cell  # noqa: E402
 
 import common  # noqa: E402
 
@@ -175,6 +175,40 @@ def tables(runs: pd.DataFrame, env: dict, out: Path) -> str:
     return text + "\n"
 
 
+MEASURES = {  # floors.json's measures: the cold run's seconds over the warm start's in the same round (x sooner)
+    "launch_to_first_step": "the cold start's seconds from the launch to the end of the first step over the row's",
+    "first_step": "the cold start's seconds of the first step (the compile) over the row's",
+    "time_to_target_incl_compile": "the cold start's seconds to 1.70, compile included, over the row's",
+    "time_to_target": "the cold start's training seconds to 1.70 (compile left out) over the row's",
+}
+
+
+def floors(runs: pd.DataFrame) -> str:
+    """floors.json's text (bench/pairs.py floors_record) from runs.csv's rows, as table.md gives them: each table's
+    configurations, a cold start against a second cold one (kind "same_as") and the file and folder starts against
+    cold (kind "warm_start", row "CONFIG, file"), each measure's ratios (MEASURES) judged against that row's own
+    floor; `floor` the folder's (the widest of the short runs' self pairs, seconds to the first step, as table.md's
+    header), `target_floor` the self pair's of train_fast.py's seconds to 1.70 with compile included."""
+    short, target = runs[runs["time_to_target_s"].isna()], runs[runs["time_to_target_s"].notna()]
+    entries, own = [], {}
+    for rows, columns in ((short, ("launch_to_first_step_s", "first_step_s")),
+                          (target, ("time_to_target_incl_compile_s", "time_to_target_s"))):  # fmt: skip
+        for column in columns:
+            for name, group in rows.groupby("config", sort=False):
+                floor = own[(name, column)] = noise_floor(ratios(group, column, "cold again"))
+                measure = column.removesuffix("_s")
+                entries.append(comparison_entry(f"{name}, cold again", f"{name}, cold", "same_as", measure,
+                                                ratios(group, column, "cold again"), floor))  # fmt: skip
+                for warm in ("file", "folder"):
+                    entries.append(comparison_entry(f"{name}, {warm}", f"{name}, cold", "warm_start", measure,
+                                                    ratios(group, column, warm), floor))  # fmt: skip
+    widest = [f for (_, column), f in own.items() if column == "launch_to_first_step_s" and f is not None]
+    aimed = [f for (_, column), f in own.items() if column == "time_to_target_incl_compile_s" and f is not None]
+    record = floors_record(max(widest, default=None), entries, "bench/studies/compile_cold_start.py",
+                           target_floor=max(aimed, default=None), measures=MEASURES)  # fmt: skip
+    return floors_text(record)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated, of: " + ", ".join(CONFIGS))
@@ -189,6 +223,7 @@ def main() -> None:
         except (OSError, ValueError) as error:
             parser.error(f"--tables-only needs {args.out}/runs.csv and env.json from an earlier run ({error})")
         common.io.atomic_write_text(args.out / "table.md", tables(runs, env, args.out))
+        common.io.atomic_write_text(args.out / FLOORS, floors(runs))
         print(f"{args.out}/table.md", flush=True)
         return
     configs = args.configs.split(",")
@@ -206,6 +241,7 @@ def main() -> None:
     env = common.env.environment()
     common.io.atomic_write_text(args.out / "runs.csv", runs.to_csv(index=False))
     common.io.atomic_write_text(args.out / "table.md", tables(runs, env, args.out))
+    common.io.atomic_write_text(args.out / FLOORS, floors(runs))
     common.io.atomic_write_text(args.out / "env.json", json.dumps(env, indent=2) + "\n")
     common.io.atomic_write_text(args.out / "log.txt", "\n".join(lines) + "\n")
     print(f"{args.out}/table.md", flush=True)

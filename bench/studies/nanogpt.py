@@ -4,7 +4,7 @@ on one machine, in interleaved rounds; README.md of the result folder written fr
 
     git clone https://github.com/karpathy/nanoGPT /tmp/nanogpt      # not copied into this project; 3adf61e1 here
     python bench/studies/nanogpt.py --nanogpt /tmp/nanogpt --out results/nanogpt-to-target-DATE   # ~50 min on 2 cores
-    python bench/studies/nanogpt.py --out results/nanogpt-to-target-DATE --tables-only   # README.md again from runs/
+    python bench/studies/nanogpt.py --out results/nanogpt-to-target-DATE --tables-only   # README.md, floors.json again
 
 Each round runs nanoGPT, train.py, train_fast.py and train_fast.py again (the self pair: its spread is the noise
 floor), the order reversed every other round; a round is disturbed, left out and run again (at most twice more)
@@ -22,7 +22,8 @@ process's wall time. How each side is timed:
 nanoGPT's schedule: its config's 5,000 steps (cosine to 1e-4 at 5,000; its README's laptop line runs 2,000, which
 end near 1.88, short of the target), the laptop line's shape (4 layers, 4 heads,
 width 128, context 64, batch 12, no dropout, float32, no compile), our 84 characters and split (the 38 training works
-| the 4 held-out plays of common/text.py, in its uint16 .bin format).
+| the 4 held-out plays of common/text.py, in its uint16 .bin format). Beside README.md, floors.json: the noise floors
+and each comparison's ratio, spread and verdict as data (bench/pairs.py floors_record), what results/README.md reads.
 """
 
 from __future__ import annotations
@@ -223,8 +224,10 @@ def measured(out: Path) -> dict:
     """What the folder measured, read from runs/: `by` {(run name, round): result}, `every` round, `rounds` compared
     (complete and undisturbed), `floors` {"time_to_target_s", "tokens_per_s": the self pair's noise floor, a fraction,
     or None}, `comparisons` [{"comparison", "x sooner to 1.70", "tokens/s x": the cells of bench/pairs.py}], keyed
-    also by (a, b) in `cells`, and `median` {run name: median seconds of training to the target over the rounds}.
-    README.md and the pages that quote this folder (bench/pages/pages.py) read the same cells."""
+    also by (a, b) in `cells`, `ratios` {(a, b): {"time_to_target_s": a's seconds over b's per round,
+    "tokens_per_s": b's over a's}, the self pair ("train_fast.py", "train_fast.py, again") included}, and `median`
+    {run name: median seconds of training to the target over the rounds}. README.md, floors.json and the pages that
+    quote this folder (bench/pages/pages.py) read the same cells."""
     by = load(out)
     every = sorted({k for _, k in by})
     rounds = [k for k in every if complete(by, k) and not disturbed(by, k)]  # the rounds compared
@@ -243,10 +246,14 @@ def measured(out: Path) -> dict:
         for key, sooner in (("time_to_target_s", True), ("tokens_per_s", False))
     }
     comparisons = [("nanoGPT", "train.py"), ("nanoGPT", "train_fast.py"), ("train.py", "train_fast.py")]
-    lines = []
+    lines, by_pair = [], {}
+    for a, b in [("train_fast.py", "train_fast.py, again"), *comparisons]:
+        by_pair[(a, b)] = {
+            key: ratios(a, b, key, key == "time_to_target_s") for key in ("time_to_target_s", "tokens_per_s")
+        }
     for a, b in comparisons:
-        soon = ratios(a, b, "time_to_target_s", True)
-        rate = ratios(a, b, "tokens_per_s", False)
+        soon = by_pair[(a, b)]["time_to_target_s"]
+        rate = by_pair[(a, b)]["tokens_per_s"]
         lines.append(
             {
                 "comparison": f"{b} against {a}",
@@ -267,8 +274,35 @@ def measured(out: Path) -> dict:
         if any(by.get((name, k)) and by[(name, k)]["time_to_target_s"] is not None for k in rounds)
     }
     cells = {pair: line for pair, line in zip(comparisons, lines)}
-    return {"by": by, "every": every, "rounds": rounds, "floors": floors, "comparisons": lines, "cells": cells,
-            "median": median}
+    return {
+        "by": by,
+        "every": every,
+        "rounds": rounds,
+        "floors": floors,
+        "comparisons": lines,
+        "cells": cells,
+        "ratios": by_pair,
+        "median": median,
+    }
+
+
+def floors_json(out: Path) -> str:
+    """floors.json's text (bench/pairs.py floors_record) from runs/, as README.md gives the numbers: `floor` the self
+    pair's in tokens/s, `target_floor` in time to the target; each comparison of README.md's ratio table twice (kind
+    "side_by_side": measure "rate", b's tokens/s over a's; "time_to_target", a's seconds over b's), and the self
+    pair's (kind "same_as"), each verdict against its measure's floor; `pairs_run` the rounds compared (a disturbed
+    round counts for no comparison), `pairs_asked` unknown (--rounds is not recorded)."""
+    found = measured(out)
+    floors, entries = found["floors"], []
+    for (a, b), measured_ in found["ratios"].items():
+        kind = "same_as" if b == f"{a}, again" else "side_by_side"
+        for measure, key in (("rate", "tokens_per_s"), ("time_to_target", "time_to_target_s")):
+            entries.append(pairs.comparison_entry(b, a, kind, measure, measured_[key], floors[key]))
+    record = pairs.floors_record(
+        floors["tokens_per_s"], entries, "bench/studies/nanogpt.py", target_floor=floors["time_to_target_s"],
+        pairs_run=len(found["rounds"]) if found["every"] else None,
+    )  # fmt: skip
+    return pairs.floors_text(record)
 
 
 def readme(out: Path) -> str:
@@ -438,7 +472,8 @@ def main() -> None:
     elif not (args.out / "env.json").is_file():
         fail(f"--tables-only needs {args.out}/env.json and runs/ from an earlier run")
     common.io.atomic_write_text(args.out / "README.md", readme(args.out))
-    print(f"nanogpt.py: wrote {args.out / 'README.md'}")
+    common.io.atomic_write_text(args.out / pairs.FLOORS, floors_json(args.out))  # the floors and verdicts as data
+    print(f"nanogpt.py: wrote {args.out / 'README.md'} and {pairs.FLOORS}")
 
 
 if __name__ == "__main__":

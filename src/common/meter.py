@@ -12,9 +12,11 @@ recompute): `flops_per_token_palm` in a GPT's metrics (common/metrics.py's `text
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import statistics
+import sys
 import time
 
 import torch
@@ -160,8 +162,11 @@ class Meter:
       the counters, and the timed steps run the very frames a run without the probe runs, compiled at the first
       step; on torch 2.11 a frame first reached under a dispatch mode runs eagerly for good, pytorch#190286), and
       is kept out of images/s and step times (`excluded_steps` counts it once the window is open). It is the
-      script's own step (its autocast, its optimizer, its micro-batches), on the run's model: the instrument
-      changes nothing that is trained. METER_PROBE=0 in the environment runs without it (no FLOPs, no activations).
+      script's own step (its autocast, its optimizer, its micro-batches), on the run's model and batch: the same
+      training, the compiled rungs' step 2 in eager arithmetic (float rounding apart, as their equivalence tests
+      allow). A script that compiles nothing has not imported Dynamo, and its probe step sets no stance. Whatever
+      ends the step early (SIGTERM, an exception) closes what it opened and counts nothing. METER_PROBE=0 in the
+      environment runs without it (no FLOPs, no activations).
     - activation memory (MiB): what autograd keeps for backward, measured, not estimated, on the probe step's first
       batch (one micro-batch under gradient accumulation): from that batch's arrival to the next `next()`, `step()`
       or `pause()`, a `torch.autograd.graph.saved_tensors_hooks` pack hook records the storage of every tensor saved
@@ -208,7 +213,7 @@ class Meter:
         self.flops_per_image = None  # counted on the probe step
         self.probe = os.environ.get("METER_PROBE", "1") != "0"  # 0: no probe step (tests compare runs without it)
         self.probed = False  # the probe step has begun
-        self._eager = None  # the probe step's torch.compiler.set_stance("force_eager"), while it runs
+        self._probe_stack = None  # what the probe step opened (stance, counter, hooks), while it runs
         self.tokens_per_sample = None  # a language model's batch: (N, T) int64 tokens, T of them per sample
         self.window_tokens = 0  # real tokens inside the window(s), when step() is given them
         self._all_tokens = 0  # real tokens of all steps, when step() is given them (the progress line)
@@ -239,25 +244,55 @@ class Meter:
         return tensor
 
     def _stop_counting(self) -> None:
+        """The end of the probe step's first micro-batch: the saved-tensor hooks off, their storages summed."""
         if self._saved_hooks is not None:
-            self._saved_hooks.__exit__(None, None, None)
+            self._saved_hooks.close()  # (the ExitStack closes it too, if the step never got this far)
             self._saved_hooks = None
             self.activation_bytes = sum(self._storages.values())
 
-    def _end_probe(self) -> int | None:
-        """Close the probe step (its counter and its eager stance), if one is open; its FLOPs, or None."""
-        self._stop_counting()
-        if self._flop_counter is None:
+    def _end_probe(self, finished: bool = True) -> int | None:
+        """Close what the probe step opened (the hooks, the counter, the eager stance; in reverse order, whatever
+        happened inside the step); its FLOPs, or None when no probe step was open or it did not finish (`finished`
+        False: the loop left it, by SIGTERM or an exception, and its counts would be partial)."""
+        if self._probe_stack is None:
             return None
-        self._flop_counter.__exit__(None, None, None)
-        self._eager.__exit__(None, None, None)
-        flops, self._flop_counter, self._eager = self._flop_counter.get_total_flops(), None, None
-        return flops
+        if finished:
+            self._stop_counting()
+        stack, counter, self._probe_stack, self._saved_hooks, self._flop_counter = (
+            self._probe_stack,
+            self._flop_counter,
+            None,
+            None,
+            None,
+        )
+        stack.close()
+        return counter.get_total_flops() if finished else None
+
+    def _begin_probe(self) -> None:
+        """Open the probe step: torch.compile's frames bypassed (the force_eager stance, where Dynamo was imported
+        at all: else nothing was compiled and nothing needs bypassing), the FLOP counter until `step()` (every
+        micro-batch of the step), the saved-tensor hooks until the next `next()` (its first micro-batch)."""
+        self.probed = True
+        stack = contextlib.ExitStack()
+        if "torch._dynamo" in sys.modules and hasattr(torch.compiler, "set_stance"):
+            stack.enter_context(torch.compiler.set_stance("force_eager"))
+        self._flop_counter = stack.enter_context(flop_counter())
+        hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
+        self._saved_hooks = contextlib.ExitStack()
+        self._saved_hooks.enter_context(hooks)
+        stack.push(self._saved_hooks)  # closed first, if the step ends before its first micro-batch's end
+        self._probe_stack = stack
 
     def loader(self, iterable):
         """Yield from `iterable`, timing how long each `next()` blocks (the data-wait); while the consumer works on
         the first batch, count the tensors autograd saves for backward (the activation memory)."""
         iterator = iter(iterable)
+        try:
+            yield from self._batches(iterator)
+        finally:  # the loop left (break, an exception, the generator closed): nothing the probe opened stays open
+            self._end_probe(finished=False)
+
+    def _batches(self, iterator):
         while True:
             self._stop_counting()
             t0 = time.perf_counter()
@@ -269,14 +304,8 @@ class Meter:
             inputs = batch[0] if isinstance(batch, (tuple, list)) else None
             if isinstance(inputs, torch.Tensor) and inputs.dim() == 2 and not inputs.is_floating_point():
                 self.tokens_per_sample = inputs.size(1)  # text: throughput in tokens/s, as language models count
-            if self.steps == PROBE_STEP - 1 and self.probe and self._flop_counter is None and not self.probed:
-                self.probed = True  # the probe step: eager (torch.compile's frames are not entered), then counted
-                self._eager = torch.compiler.set_stance("force_eager")
-                self._eager.__enter__()
-                self._flop_counter = flop_counter()  # until step(): every micro-batch of the step
-                self._flop_counter.__enter__()
-                self._saved_hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, lambda tensor: tensor)
-                self._saved_hooks.__enter__()  # until the next next(): the step's first micro-batch
+            if self.steps == PROBE_STEP - 1 and self.probe and not self.probed:
+                self._begin_probe()  # the probe step: eager (torch.compile's frames are not entered), counted
             yield batch
 
     def step(self, n_images: int, measured: bool = True, tokens: int | None = None) -> None:
@@ -339,7 +368,7 @@ class Meter:
 
     def pause(self) -> None:
         """Stop the training clock and close the open window, synchronising the device (e.g. before evaluation)."""
-        self._end_probe()  # the loop left before the probe step's end (SIGTERM): nothing counted
+        self._end_probe(finished=False)  # the loop left before the probe step's end (SIGTERM): nothing counted
         now = self._sync()
         if self._t_start is not None:
             self.window_s += now - self._t_start

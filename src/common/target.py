@@ -121,8 +121,8 @@ def target_probe(args, model: nn.Module) -> TargetProbe | None:
     chunks of max(--batch-size, 64) blocks."""
     if getattr(args, "target_loss", None) is None:
         return None
-    for wrapper in ("_orig_mod", "module"):  # torch.compile's OptimizedModule, DDP/DataParallel: the inner model
-        model = getattr(model, wrapper, model)
+    while isinstance(inner := getattr(model, "_orig_mod", getattr(model, "module", None)), nn.Module):
+        model = inner  # torch.compile's OptimizedModule, DDP / DataParallel, in any order: the model inside
     heldout = text.shakespeare(args.seq_len)[1]
     if getattr(args, "test_subset", None):
         heldout = torch.utils.data.TensorDataset(*(tensor[: args.test_subset] for tensor in heldout.tensors))

@@ -102,7 +102,7 @@ def blocks(tokens: torch.Tensor, seq_len: int) -> torch.utils.data.TensorDataset
     return torch.utils.data.TensorDataset(inputs.clone(), targets.clone())
 
 
-@functools.lru_cache(maxsize=2)  # the script's load_data and --target-loss's probe read the same blocks once
+@functools.lru_cache(maxsize=2)  # load_data and --target-loss's probe share the blocks: read-only, never changed
 def shakespeare(seq_len: int, folder: Path = CORPUS_DIR):
     """(train_set, val_set) of `blocks`: the 38 training works and the 4 VALIDATION_WORKS, each side the works in
     WORKS order joined into one text (train 4,529,810 characters: 70,778 blocks of 64; validation 527,388: 8,240).
