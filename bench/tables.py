@@ -222,7 +222,7 @@ def memory_markdown(summary: pd.DataFrame, env: dict | None = None) -> str:
                 )
         text += (
             f"## Memory: {name}\n\nActivations: the memory of the tensors autograd kept for backward in one "
-            "training step, per process (measured with saved_tensors_hooks on the first step); params per process: "
+            "training step, per process (measured with saved_tensors_hooks on the meter's probe step, the second, run eagerly); params per process: "
             "what one process holds (FSDP shards them, TP splits every block, a pipeline stage holds its blocks); "
             "× the first row's."
             + (
