@@ -94,7 +94,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training (or, with --loader-only, just the input pipeline) ---------------------------------------------------
 meter = common.Meter(device, args.warmup_steps)
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 mode = "loader only" if args.loader_only else f"training {args.model}"
 print(f"{mode} on {args.data_dir} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):

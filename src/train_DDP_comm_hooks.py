@@ -134,7 +134,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)

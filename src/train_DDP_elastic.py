@@ -126,7 +126,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 
 
 # new # begin: a checkpoint inside an epoch: the records, and every rank's loss summed so far in the epoch (each rank

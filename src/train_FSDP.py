@@ -158,7 +158,7 @@ def save_sharded(epochs_done: int) -> None:
     try:  # a full disk, a read-only or vanished folder: DCP gathers every rank's failure and raises it on each
         dcp.save(shards, checkpoint_id=path)
     except (Exception, dcp.CheckpointException) as error:  # (DCP's is a BaseException)
-        common.distributed.sharded_save_failed(path, error)  # the half-written folder goes; one line, exit 1
+        common.distributed.sharded_save_failed(path, error, args.run)  # the half-written folder goes; exit 1
     write_last(full, epochs_done, step, epochs)
     checkpoint_s += time.perf_counter() - started
 
@@ -175,7 +175,7 @@ def write_last(full: dict | None, epochs_done: int, done_step: int, records: lis
 # new # end
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)

@@ -111,7 +111,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 if master:  # new #
     batch = f"{dp} x {args.batch_size}"  # new # a batch per data-parallel group
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {batch}", flush=True)  # new #

@@ -188,7 +188,8 @@ def finish_save() -> None:
     try:  # a full disk, a read-only or vanished folder: DCP gathers every rank's failure and raises it on each
         writing.result()  # raises what the writer thread raised
     except (Exception, dcp.CheckpointException) as error:  # (DCP's is a BaseException)
-        common.distributed.sharded_save_failed(args.checkpoint_dir / f"sharded-step{done_step}", error)  # exit 1
+        folder = args.checkpoint_dir / f"sharded-step{done_step}"  # new #
+        common.distributed.sharded_save_failed(folder, error, args.run)  # new # the half-written folder goes; exit 1
     write_last(full, epochs_done, done_step, records)
     checkpoint_s += time.perf_counter() - started
 
@@ -196,7 +197,7 @@ def finish_save() -> None:
 # new # end
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 test_images = None  # new # counted over the ranks at each evaluation (none before the first)
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)

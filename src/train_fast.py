@@ -263,7 +263,7 @@ if use_muon:
 meter = common.Meter(device, args.warmup_steps, target=common.target_probe(args, model))
 graphs = counters["stats"]["unique_graphs"]  # new # graphs compiled before training (0); a private API of Dynamo
 compile_steps = 0  # new # steps that compiled a graph: the first one, then any recompile
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()

@@ -146,7 +146,7 @@ scheduler = torch.optim.lr_scheduler.OneCycleLR(optimizer, max_lr=args.lr, total
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(devices, args.warmup_steps, target=common.target_probe(args, model))  # new # both stages' devices
-preemption = common.Preemption()  # SIGTERM: stop at the next step boundary, save, exit 143
+preemption = common.Preemption(args.run)  # SIGTERM: stop at the next step boundary, save, exit 143
 print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
 for epoch in range(start_epoch, args.epochs):
     model.train()

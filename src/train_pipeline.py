@@ -158,7 +158,7 @@ if not master:  # new # the other ranks keep only their stages: the others' memo
 
 # -- training -----------------------------------------------------------------------------------------------------
 meter = common.Meter(device, args.warmup_steps, schedule, target=common.target_probe(args, model))  # new # its bubble
-preemption = common.Preemption(master)  # new # SIGTERM: stop at the step boundary; the last rank says where it saved
+preemption = common.Preemption(args.run, master)  # new # SIGTERM: the last rank says where it saved
 if master:  # new #
     print(f"training {args.model} on {args.dataset} ({device}), {total_steps} steps of {args.batch_size}", flush=True)
     print(f"pipeline: {type(schedule).__name__}, {args.micro_batches} micro-batches "  # new #

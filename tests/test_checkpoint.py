@@ -20,6 +20,7 @@ def _args(**flags):
             "epochs": 1,
             "max_steps": None,
             "lr": 0.1,
+            "run": common.runstate.RunState(),  # what parse_args adds: where the saves are recorded
             **flags,
         }
     )

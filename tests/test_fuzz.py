@@ -143,7 +143,7 @@ def damaged(raw: bytes):
 
 def _args(**flags) -> argparse.Namespace:
     base = {"model": "mlp", "dataset": "fashion-mnist", "image_size": None, "seed": 0, "batch_size": 64, "epochs": 1}
-    return argparse.Namespace(**{**base, "max_steps": None, "lr": 0.1, **flags})
+    return argparse.Namespace(**{**base, "max_steps": None, "lr": 0.1, "run": common.runstate.RunState(), **flags})
 
 
 def _parts():

@@ -114,3 +114,70 @@ def test_the_package_s_map_lists_every_module_and_what_it_imports():
     assert set(documented) == set(graph), f"the map misses {set(graph) - set(documented)} or names no module"
     wrong = {name: (sorted(documented[name]), sorted(graph[name])) for name in graph if documented[name] != graph[name]}
     assert not wrong, f"the map says, the module imports: {wrong}"
+
+
+MUTATORS = {"append", "extend", "update", "add", "pop", "clear", "setdefault", "insert", "remove", "discard"}
+
+
+def shared_state(package: Path) -> list[str]:
+    """The module-level names of `package`'s modules that some code changes after import (`global` rebinding, item
+    or attribute assignment, a mutating method such as append) and that another module of the package reads (`from
+    .m import NAME` or `m.NAME`) or that are public (no leading underscore: a module's functions hand it to their
+    callers, as target.ACTIVE once reached the Meter through target.after_step): state that reaches a module
+    without being passed to it. "module.NAME (read by ...)" for each. A private one that only its module's functions
+    use (checkpoint._HELD, the folder locks this process holds) is the module's own."""
+    trees = {path.stem: ast.parse(path.read_text()) for path in sorted(package.glob("*.py"))}
+    names = {m: {t.id for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+                 for t in (node.targets if isinstance(node, ast.Assign) else [node.target]) if isinstance(t, ast.Name)}
+             for m, tree in trees.items()}  # fmt: skip
+    imported = {m: {} for m in trees}  # module -> {local name: (owner module, name)}
+    reads = {}  # (owner, name) -> modules that read it
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 1 and node.module in trees:
+                for alias in node.names:
+                    imported[m][alias.asname or alias.name] = (node.module, alias.name)
+                    reads.setdefault((node.module, alias.name), set()).add(m)
+            if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in trees:
+                if node.value.id != m and node.attr in names[node.value.id]:
+                    reads.setdefault((node.value.id, node.attr), set()).add(m)
+    changed = set()
+
+    def owner(m: str, expr) -> tuple[str, str] | None:
+        if isinstance(expr, ast.Name):
+            return imported[m].get(expr.id) or ((m, expr.id) if expr.id in names[m] else None)
+        if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in trees:
+            return (expr.value.id, expr.attr)
+        return None
+
+    for m, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Global):
+                changed.update((m, name) for name in node.names)
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []  # fmt: skip
+            for target in targets:
+                if isinstance(target, (ast.Subscript, ast.Attribute)) and (found := owner(m, target.value)):
+                    changed.add(found)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
+                if found := owner(m, node.func.value):
+                    changed.add(found)
+    shared = [(o, n) for o, n in changed if reads.get((o, n)) or not n.startswith("_")]  # public: meant for others
+    return sorted(f"{o}.{n} (read by {', '.join(sorted(reads.get((o, n), ()))) or 'its functions'})" for o, n in shared)
+
+
+def test_no_module_level_state_is_read_across_src_common(tmp_path):
+    """Nothing a run changes lives in a module of src/common/ for another module to read: the probe of --target-loss,
+    the run's checkpoint and signal record (RunState) and the like are passed as arguments. The check finds a
+    shared list appended to in one module and read in another, a `global` rebound and imported, and a public global
+    that only its own functions read (before 2026-11-29: runstate.RUN, target.ACTIVE, models.WATCHERS)."""
+    assert shared_state(REPO / "src" / "common") == []
+    (tmp_path / "a.py").write_text("SEEN = []\nFLAG = None\n\ndef f():\n    global FLAG\n    FLAG = 1\n")
+    (tmp_path / "b.py").write_text(
+        "from .a import SEEN\nfrom . import a\n\ndef g(x):\n    SEEN.append(x)\n    return a.FLAG\n"
+    )
+    assert shared_state(tmp_path) == ["a.FLAG (read by b)", "a.SEEN (read by b)"]
+    (tmp_path / "c.py").write_text(
+        "ACTIVE = None\n_MINE = {}\n\ndef on(x):\n    global ACTIVE\n    ACTIVE = x\n    _MINE[x] = 1\n"
+    )
+    assert shared_state(tmp_path) == ["a.FLAG (read by b)", "a.SEEN (read by b)", "c.ACTIVE (read by its functions)"]

@@ -289,7 +289,7 @@ SECOND_SIGTERM = """
 import os, signal, sys, time
 sys.path.insert(0, "src")
 import common
-preemption = common.Preemption()
+preemption = common.Preemption(common.runstate.RunState())
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(0.01)
 if sys.argv[1] == "stopped":

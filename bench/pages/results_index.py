@@ -37,7 +37,7 @@ difference". *Runs' time*: the wall seconds of the folder's runs summed (`runs.c
 set-up left out), and "stopped after N of M pairs" where the runs ended before the plan did (`floors.json`: the fewest
 pairs a comparison ran, of the rounds asked). *Verdicts*: its comparisons (each row against its base, from its
 `floors.json`) by verdict as its floor allows them: faster, slower, within the floor, disturbed, or no verdict (too
-few pairs; no floor measured; "no difference" within a floor wider than ±{noisy:.0f} %); times to a target, and a
+few pairs; no floor measured; any verdict from a floor wider than ±{noisy:.0f} %); times to a target, and a
 study's other measures, apart. *Headline*: its largest effect, the comparison farthest from 1.00× (either way) whose
 verdict is faster or slower as the technique pages print it (no ratio at all from a floor wider than ±{noisy:.0f} %),
 with the pairs' min–max. Your own runs go to `results/local/` (not committed).
@@ -157,13 +157,14 @@ def target_floor_pct(folder: Path) -> float | None:
 
 def judged(word: str, floor_pct_: float | None) -> str:
     """A verdict as the folder's floor allows it now, as the technique pages print it (bench/pages/pages.py `allowed`):
-    without a measured floor no verdict at all; within a floor wider than bench/pairs.py's NOISY_FLOOR, "no
-    measurable difference" is no verdict. "disturbed" and "no verdict" stay as they are."""
+    without a measured floor no verdict at all; past a floor wider than bench/pairs.py's NOISY_FLOOR no verdict
+    either, faster and slower included (the pages print no ratio there: `allowed`). "disturbed" and "no verdict"
+    stay as they are."""
     from pairs import NOISY_FLOOR
 
     if word in ("faster", "slower", "no measurable difference") and floor_pct_ is None:
         return "no verdict"
-    if word == "no measurable difference" and floor_pct_ / 100 > NOISY_FLOOR:
+    if word in ("faster", "slower", "no measurable difference") and floor_pct_ / 100 > NOISY_FLOOR:
         return "no verdict"
     return word
 

@@ -34,13 +34,12 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
                 gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's),       []
                 flop_counter (every FLOP count's: causal attention as the causal kernel runs it)
-    runstate    RUN (failed checkpoint writes, the last save, the SIGTERM step), run_status         []
+    runstate    RunState: one run's failed checkpoint writes, last save, SIGTERM step; its status  []
     metrics     epoch_record, epoch_line, report (the closing line), write_metrics (the JSON)       [data, device, env,
                                                                                                      errors, gpt, io,
-                                                                                                     meter, runstate,
-                                                                                                     target]
+                                                                                                     meter, target]
     checkpoint  save_checkpoint, load_checkpoint (its refusals), load_part, exit_if_finished,      [env, errors, io,
-                lock_checkpoint_dir (one run owns a folder)                                          models, runstate]
+                lock_checkpoint_dir (one run owns a folder)                                          models]
     preemption  Preemption: SIGTERM stops every rank at one step boundary; init_worker, the         [env, errors,
                 DataLoader workers' (seeded, SIGTERM from others ignored)                            runstate, seeding]
     distributed setup (train_DDP.py's torchrun set-up, for the scripts that do not teach it),
@@ -49,7 +48,8 @@ The map: each module, what it owns, and [what it imports from the package]. No m
                 ranks), sharded_save_failed (a DCP save that raised: one line, exit 1)               errors, runstate]
     cli         the shared flags (get_parser, get_image_folder_parser), parse_args (the checks made [checkpoint, data,
                 before any work, each model's defaults; check_checkpoint_dir: the folder's lock,    env, errors, io,
-                --resume with something to resume)                                                  models, target]
+                --resume with something to resume; args.run, the run's RunState)                    models, runstate,
+                                                                                                     target]
 
 The bench and the tests reach the rest through the module that owns it, e.g. `common.io.atomic_write_text` or
 `common.data.find_fashion_mnist`.

@@ -24,7 +24,6 @@ from .env import in_process_group
 from .errors import die, first_line, one_line
 from .models import TEXT_MODELS
 from .io import WriteFailed, atomic_write, atomic_write_text
-from .runstate import RUN
 
 # 1: the files before 2026-11-23 (no version, no made_by); 2: + format, made_by, state holders; 3: + subset, seed,
 # accumulation steps in made_by; 4: + epochs, max steps, peak learning rate (and, from 2026-11-28 on, the digest
@@ -435,7 +434,7 @@ def save_checkpoint(
                     atomic_write(listing, lambda f: f.write(before))
             except OSError:
                 pass
-        RUN["failed_writes"].append(str(error))
+        args.run.failed_writes.append(str(error))
         print(
             one_line(
                 f"{Path(sys.argv[0]).name}: error: {error}; the previous checkpoint is left as it was, training goes "
@@ -449,7 +448,7 @@ def save_checkpoint(
         atomic_write_text(listing, _digest_text([hashing.sha256.hexdigest()], path.name))  # the file's digest alone
     except WriteFailed:
         pass  # the list written before the rename holds it too
-    RUN["saved"] = (path, step)
+    args.run.saved = (path, step)
     return True
 
 
@@ -559,7 +558,7 @@ def load_checkpoint(
     except (KeyError, IndexError, AttributeError, TypeError, ValueError, RuntimeError) as error:
         die(f"--resume: {path} does not fit this model and optimizer ({first_line(error)}); use a new --checkpoint-dir")
     state.setdefault("epochs", [])  # a file saved without the records: the epochs before it left none
-    RUN["saved"] = (Path(path), state["step"])  # what the file on disk holds, until the next save
+    args.run.saved = (Path(path), state["step"])  # what the file on disk holds, until the next save
     return state
 
 

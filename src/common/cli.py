@@ -8,13 +8,14 @@ import os
 import sys
 from pathlib import Path
 
+from . import target
 from .checkpoint import lock_checkpoint_dir
 from .data import DEBIAN_FASHION_MNIST, TEXT_VOCAB
 from .env import REPO
 from .errors import die, install_error_hook, one_line
-from . import target
 from .io import output_problem
 from .models import DEFAULTS, MODELS, SCHEDULE_DEFAULTS, TEXT_MODELS, vit_patch_size
+from .runstate import RunState
 
 
 def _as_given(text: str) -> str:
@@ -375,4 +376,5 @@ def parse_args(parser: argparse.ArgumentParser, recipe: dict[str, dict] | None =
     target.check(args)  # --target-loss: one line and exit where no probe can run (common/target.py)
     if args.checkpoint_dir is not None:  # the folder's lock, and --resume with something to resume
         check_checkpoint_dir(args.checkpoint_dir, args.resume)
+    args.run = RunState()  # what this run does with checkpoints and signals (common/runstate.py): not a flag
     return args

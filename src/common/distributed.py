@@ -16,7 +16,7 @@ import torch.distributed as dist
 from .checkpoint import save_checkpoint
 from .env import in_process_group, require_torch
 from .errors import die, first_line, one_line
-from .runstate import RUN
+from .runstate import RunState
 
 
 def setup(device: torch.device, nproc: int = 2, min_world_size: int = 1) -> tuple[torch.device, int, int]:
@@ -137,17 +137,18 @@ def _root_cause(error: BaseException, folder: Path) -> str:
     return first_line(error)
 
 
-def sharded_save_failed(folder: Path, error: BaseException) -> None:
+def sharded_save_failed(folder: Path, error: BaseException, run: RunState) -> None:
     """After a sharded save (dcp.save, or async_save's future) raised on every rank: DCP gathers each rank's failure
     (a full disk, a read-only or vanished folder) and raises it on all, so every rank calls this. Rank 0 removes the
     half-written `folder` (no last.pt names it: last.pt is written only after a save that finished) and prints one
-    line on stderr: the folder, the error, and the checkpoint kept (the last one written, which --resume continues
-    from; or none); every rank leaves the process group and exits 1. Never returns."""
+    line on stderr: the folder, the error, and the checkpoint kept (the last one written, `run.saved` of the run's
+    RunState: which --resume continues from; or none); every rank leaves the process group and exits 1. Never
+    returns."""
     master = not in_process_group() or dist.get_rank() == 0
     if master:
         reason = _root_cause(error, Path(folder))  # (before the folder goes: its disk's free space)
         shutil.rmtree(folder, ignore_errors=True)
-        saved = RUN["saved"]
+        saved = run.saved
         kept = f"{saved[0]} (step {saved[1]}) is kept: --resume continues from it" if saved else "none was saved before"
         message = f"cannot write {folder} ({reason}); the half-written folder is removed, {kept}"
         print(one_line(f"{Path(sys.argv[0]).name}: error: {message}; training stopped"), file=sys.stderr, flush=True)

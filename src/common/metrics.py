@@ -19,7 +19,6 @@ from .env import environment, in_process_group
 from .errors import die
 from .io import WriteFailed, atomic_write_text
 from .meter import Meter
-from .runstate import RUN, run_status
 
 
 def epoch_record(epoch: int, step: int, train_loss, val_loss, val_acc, meter: Meter, logits=None, **extra) -> dict:
@@ -139,8 +138,9 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
     it (`common.target.fields` of the Meter's summary["target"]: the same two keys, steps_to_target, every probe),
     `achieved_tflops` (flops_per_image x images/s / 1e12, TFLOP/s: the training matmul/conv/attention work done per
     second, all ranks together), Dynamo's counters (`dynamo_counters`), the resolved arguments (`args`, every flag
-    with its default), and the run's `status` (`run_status`: ok, terminated by SIGTERM at `stopped_at_step`, or
-    checkpoint not written, with `failed_writes`). The metrics JSON keys are listed in docs/bench.md.
+    with its default, `args.run` left out), and the run's `status` (`args.run`, its RunState: ok, terminated by
+    SIGTERM at `stopped_at_step`, or checkpoint not written, with `failed_writes`). The metrics JSON keys are listed
+    in docs/bench.md.
     """
     device = torch.device(fields.pop("device"))
     main = sys.modules["__main__"]
@@ -206,9 +206,9 @@ def report(args: argparse.Namespace, summary: dict, epochs: list[dict], **fields
             "time_to_target_incl_compile_s": reached[0]["train_s"] if reached else None,
             **probe,  # --target-loss's, where it ran
         },
-        args={key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        args={k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "run"},  # the flags
         dynamo=dynamo_counters(),
-        status=run_status(),
-        stopped_at_step=RUN["stopped_at"],
-        failed_writes=RUN["failed_writes"],
+        status=args.run.status(),
+        stopped_at_step=args.run.stopped_at,
+        failed_writes=args.run.failed_writes,
     )

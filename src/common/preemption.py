@@ -14,7 +14,7 @@ import torch.distributed as dist
 
 from .env import in_process_group
 from .errors import one_line
-from .runstate import RUN
+from .runstate import RunState
 from .seeding import seed_worker
 
 
@@ -45,9 +45,11 @@ class Preemption:
     process group (Slurm, `timeout`) must not kill them under a main process that is still finishing its step.
     """
 
-    def __init__(self, master: bool | None = None):
-        """`master`: whether this process says where the run stopped (the one that writes the checkpoint); default:
-        rank 0, or the only process."""
+    def __init__(self, run: RunState, master: bool | None = None):
+        """`run`: the run's RunState (`args.run`), where the stop is recorded for `report` and the failed writes and
+        last checkpoint are read at `exit`; `master`: whether this process says where the run stopped (the one that
+        writes the checkpoint); default: rank 0, or the only process."""
+        self.run = run
         self._signalled = 0.0  # when the first SIGTERM came (time.monotonic), 0 before
         self.stopped_at = None  # the step the run stopped at, once `requested` said so
         signal.signal(signal.SIGTERM, self._handle)
@@ -66,15 +68,15 @@ class Preemption:
 
     def requested(self, step: int) -> bool:
         """Whether the run stops before its next step: True once this process (or, under torch.distributed, any
-        rank) got SIGTERM. Records `step` (the global step count so far: the boundary) in `stopped_at` and in
-        RUN["stopped_at"], which `report` reads."""
+        rank) got SIGTERM. Records `step` (the global step count so far: the boundary) in `stopped_at` and in the
+        RunState's, which `report` reads."""
         stop = bool(self._signalled)
         if self._group is not None:
             flag = torch.tensor([int(stop)])
             dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
             stop = bool(flag.item())
         if stop and self.stopped_at is None:
-            self.stopped_at = RUN["stopped_at"] = step
+            self.stopped_at = self.run.stopped_at = step
         return stop
 
     def exit(self) -> None:
@@ -82,13 +84,13 @@ class Preemption:
         SIGTERM that stopped the run: rank 0 prints "terminated by SIGTERM at step N; ..." on stderr, saying which
         checkpoint holds that step (resume with --resume) or that none does, and every rank exits 143. Otherwise
         (a SIGTERM that came after the last step changes nothing) it returns."""
-        if RUN["failed_writes"]:
+        if self.run.failed_writes:
             raise SystemExit(1)
-        step = RUN["stopped_at"]
+        step = self.run.stopped_at
         if step is None:
             return
         if self._master:
-            saved = RUN["saved"]
+            saved = self.run.saved
             where = (
                 f"{saved[0]} holds it: resume with --resume"
                 if saved and saved[1] == step
