@@ -121,6 +121,9 @@ def acc_cell(r: dict) -> str:
 def ips_cell(r: dict) -> str:
     if r.get("status") == "ok" and (r.get("images_per_s") is None or pd.isna(r.get("images_per_s"))):
         return "not measured"
+    rate = r.get("images_per_s")
+    if rate is None or (isinstance(rate, float) and pd.isna(rate)):
+        return "–"  # not measured: no unit to name (a skipped GPT rung once read "– images/s")
     tokens = r.get("tokens_per_sample")
     if tokens is not None and pd.notna(tokens) and tokens > 0:  # a language model: tokens/s, as the field counts
         ips = fmt(r.get("images_per_s"), ",.0f", tokens) + " tokens/s"
@@ -136,6 +139,9 @@ def ips_cell(r: dict) -> str:
 def rate_text(r: dict) -> str:
     """A row's median rate with its unit: "26,427 tokens/s" for a language model (images_per_s x tokens_per_sample:
     a sample is a block of tokens), "432.0 images/s" for the others, "–" where it was not measured."""
+    rate = r.get("images_per_s")
+    if rate is None or (isinstance(rate, float) and pd.isna(rate)):
+        return "–"  # not measured: no unit to name (a skipped GPT rung once read "– images/s")
     tokens = r.get("tokens_per_sample")
     if tokens is not None and pd.notna(tokens) and tokens > 0:
         return fmt(r.get("images_per_s"), ",.0f", tokens) + " tokens/s"

@@ -141,7 +141,13 @@ def plot_ladders(summary: pd.DataFrame, out: Path, title: str, floor: float | No
             shown = {cell_text(v) for v in rungs.speedup_rung_verdict}
             legend = [(w, c) for w, c in (*colors.items(), ("no measurable difference", "tab:gray")) if w in shown]
             if legend:  # each colour named where it is drawn: a disturbed rung is not a rung without a difference
-                ax.legend(handles=[Patch(color=c, label=w) for w, c in legend], fontsize=7, loc="lower right")
+                ax.legend(
+                    handles=[Patch(color=c, label=w) for w, c in legend],
+                    fontsize=7,
+                    loc="upper left",
+                    bbox_to_anchor=(1.01, 1.0),
+                    borderaxespad=0,
+                )  # beside the axes: never over a label
             ax.set_xlabel(
                 "× its base rung: median of the interleaved pairs, min–max as error bars; grey: no measurable "
                 "difference; orange: disturbed" + (f" (noise floor ±{100 * floor:.1f} %, shaded)" if floor else "")
