@@ -116,7 +116,22 @@ def test_the_package_s_map_lists_every_module_and_what_it_imports():
     assert not wrong, f"the map says, the module imports: {wrong}"
 
 
-MUTATORS = {"append", "extend", "update", "add", "pop", "clear", "setdefault", "insert", "remove", "discard"}
+MUTATORS = {
+    "append",
+    "extend",
+    "update",
+    "add",
+    "pop",
+    "popitem",
+    "clear",
+    "setdefault",
+    "insert",
+    "remove",
+    "discard",
+    "sort",
+    "reverse",
+    "appendleft",
+}
 
 
 def shared_state(package: Path) -> list[str]:
@@ -144,6 +159,10 @@ def shared_state(package: Path) -> list[str]:
     changed = set()
 
     def owner(m: str, expr) -> tuple[str, str] | None:
+        while isinstance(expr, ast.Subscript) or (  # RUN["w"].append, STATE.inner.x: the name at the root
+            isinstance(expr, ast.Attribute) and not (isinstance(expr.value, ast.Name) and expr.value.id in trees)
+        ):
+            expr = expr.value
         if isinstance(expr, ast.Name):
             return imported[m].get(expr.id) or ((m, expr.id) if expr.id in names[m] else None)
         if isinstance(expr, ast.Attribute) and isinstance(expr.value, ast.Name) and expr.value.id in trees:
@@ -156,8 +175,16 @@ def shared_state(package: Path) -> list[str]:
                 changed.update((m, name) for name in node.names)
             targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
                 node, (ast.AugAssign, ast.AnnAssign)) else []  # fmt: skip
+            if isinstance(node, ast.Delete):
+                targets = node.targets
             for target in targets:
-                if isinstance(target, (ast.Subscript, ast.Attribute)) and (found := owner(m, target.value)):
+                if (
+                    isinstance(target, ast.Attribute)
+                    and isinstance(target.value, ast.Name)
+                    and target.value.id in trees
+                ):
+                    changed.add((target.value.id, target.attr))  # another module's global rebound: a.ACTIVE = x
+                elif isinstance(target, (ast.Subscript, ast.Attribute)) and (found := owner(m, target.value)):
                     changed.add(found)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in MUTATORS:
                 if found := owner(m, node.func.value):
@@ -181,3 +208,7 @@ def test_no_module_level_state_is_read_across_src_common(tmp_path):
         "ACTIVE = None\n_MINE = {}\n\ndef on(x):\n    global ACTIVE\n    ACTIVE = x\n    _MINE[x] = 1\n"
     )
     assert shared_state(tmp_path) == ["a.FLAG (read by b)", "a.SEEN (read by b)", "c.ACTIVE (read by its functions)"]
+    (tmp_path / "d.py").write_text(
+        "from . import a\nfrom .c import _MINE\n\ndef h(x):\n    a.FLAG = x\n    _MINE['k'].append(x)\n"
+    )
+    assert shared_state(tmp_path)[-1] == "c._MINE (read by d)"  # another's global rebound, a list inside a dict

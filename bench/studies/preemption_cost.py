@@ -33,7 +33,7 @@ if os.environ.get("PREEMPTION_COST_WORKER"):  # inside torchrun: one measurement
     mode, flags = sys.argv[1], sys.argv[3:]
     if mode == "call":
         dist.init_process_group("gloo")
-        preemption = common.Preemption()
+        preemption = common.Preemption(common.runstate.RunState())
         for step in range(100):
             preemption.requested(step)
         started = time.perf_counter()
