@@ -72,6 +72,7 @@ import pandas as pd  # noqa: E402
 import torch  # noqa: E402
 from cells import RATIO_STATISTICS, hardware_line, provenance_line  # noqa: E402
 from peak import gemm_peak_in_a_child, peak_line  # noqa: E402
+import floors  # noqa: E402
 import pairs  # noqa: E402
 from plots import plot  # noqa: E402
 from profiles import fail, load_profile, skip_reason  # noqa: E402
@@ -143,7 +144,7 @@ def write_tables(
     repeats = sorted({run["repeats"] for run in matrix})
     table_md = table_markdown(summary, env, profile, " / ".join(map(str, repeats)) + " run(s)", noise, out, stop)
     common.io.atomic_write_text(out / "table.md", table_md)
-    record = pairs.floors_record(
+    record = floors.floors_record(
         floor,
         floor_comparisons(summary, list(dict.fromkeys(c for c, *_ in plan)), floor, noise.get("target_floor"), target),
         "bench/bench.py",
@@ -153,7 +154,7 @@ def write_tables(
         stopped=stopped,
         max_floor=max_floor,
     )
-    common.io.atomic_write_text(out / pairs.FLOORS, pairs.floors_text(record))  # the floors and verdicts as data
+    common.io.atomic_write_text(out / floors.FLOORS, floors.floors_text(record))  # the floors and verdicts as data
     ladders = ladder_markdown(summary, env)
     if ladders:
         common.io.atomic_write_text(
@@ -307,7 +308,7 @@ def tables_again(out: Path, matrix: list[dict], profile: str) -> None:
     except (OSError, ValueError) as error:
         fail(f"--tables-only needs {out}/runs.csv and env.json from an earlier run ({error})")
     try:
-        stopped = (pairs.read_floors(out) or {}).get("stopped")
+        stopped = (floors.read_floors(out) or {}).get("stopped")
     except ValueError:
         stopped = None
     write_tables(out, runs, matrix, env, env.get("profile", profile), stopped)
@@ -328,7 +329,7 @@ def floors_again(out: Path) -> None:
     except (OSError, ValueError, AttributeError, KeyError, pd.errors.EmptyDataError) as error:
         fail(f"--floors-only needs {out}/summary.csv, pairs.csv, runs.csv and env.json from a bench run ({error})")
     try:
-        before = pairs.read_floors(out)  # a stop's reason, where an earlier floors.json said it
+        before = floors.read_floors(out)  # a stop's reason, where an earlier floors.json said it
     except ValueError:
         before = None  # malformed: rewritten whole
     floor, target_floor = summary_floors(summary)
@@ -337,12 +338,12 @@ def floors_again(out: Path) -> None:
     if stopped is None and ran is not None and ran < asked:
         stopped = "the runs ended before the plan did (why is not recorded in runs.csv)"
     comparisons = floor_comparisons(summary, list(dict.fromkeys(c for c, *_ in plan)), floor, target_floor)
-    record = pairs.floors_record(
+    record = floors.floors_record(
         floor, comparisons, "bench/bench.py --floors-only", target_floor=target_floor, pairs_asked=asked,
         pairs_run=ran, stopped=stopped, max_floor=env.get("max_floor"),
     )  # fmt: skip
-    common.io.atomic_write_text(out / pairs.FLOORS, pairs.floors_text(record))
-    print(f"bench: wrote {out / pairs.FLOORS}")
+    common.io.atomic_write_text(out / floors.FLOORS, floors.floors_text(record))
+    print(f"bench: wrote {out / floors.FLOORS}")
 
 
 def dry_run(args: argparse.Namespace, profile: str, matrix: list[dict], rounds: int, gpus: int, bf16: bool) -> None:

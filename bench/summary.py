@@ -198,7 +198,7 @@ def floor_comparisons(
     target_floor: float | None = None,
     target_ratios: dict[Comparison, list[float]] | None = None,
 ) -> list[dict]:
-    """floors.json's comparisons (pairs.floors_record), as the tables give them, from `summary`'s columns: each of
+    """floors.json's comparisons (floors.floors_record), as the tables give them, from `summary`'s columns: each of
     `comparisons` (the plan's, in its order; of two with one row and kind, the last, as add_comparisons leaves the
     cell) whose row has a verdict in its kind's column (COLUMNS), measure "rate", against `floor`; each row's chain
     product (× its ladder's first rung, `speedup`, kind "first_rung"; × its sweep's first point, `x_sweep_first`,

@@ -1,4 +1,4 @@
-"""floors.json, a result folder's noise floors and verdicts as data (bench/pairs.py floors_record): the bench writes it
+"""floors.json, a result folder's noise floors and verdicts as data (bench/floors.py floors_record): the bench writes it
 with its tables and stops where --max-floor says the host is too busy; results/README.md and the pages read it, never
 the floors printed in Markdown; the index's headline is the largest effect a folder's floor allows, and it says where
 a run stopped early."""
@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 
+import floors
 import pages  # bench/pages/ and bench/ are on the path: tests/conftest.py puts them there
 import pairs
 import pandas as pd
@@ -51,7 +52,7 @@ def test_max_floor_stops_the_bench_once_the_self_pairs_floor_is_past_it_and_the_
     assert "Traceback" not in said
     runs = pd.read_csv(out / "runs.csv")
     assert len(runs) == 10 and (runs.status == "ok").all(), runs[["config", "status"]]  # jobs 10 and 11 never ran
-    record = pairs.read_floors(out)
+    record = floors.read_floors(out)
     assert record["floor"] == pytest.approx(1 - 1 / 1.3, abs=1e-3) and record["max_floor"] == pytest.approx(0.10)
     assert (record["pairs_asked"], record["pairs_run"]) == (3, 2)  # U against T: rounds 1 and 2 of 3
     assert "past --max-floor 10 %" in record["stopped"]
@@ -65,7 +66,7 @@ def test_max_floor_stops_the_bench_once_the_self_pairs_floor_is_past_it_and_the_
     # --tables-only judges the same way: env.json holds --max-floor, floors.json why the runs stopped
     proc = run("bench/bench.py", "--out", out, "--matrix", matrix, "--profile", "f", "--tables-only", timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert pairs.read_floors(out)["stopped"] == record["stopped"]
+    assert floors.read_floors(out)["stopped"] == record["stopped"]
     assert (
         pd.read_csv(out / "summary.csv").set_index("config").loc["T again", "x_self_verdict"].startswith("no verdict")
     )
@@ -96,7 +97,7 @@ def test_the_floor_max_floor_judges_is_the_floor_the_folder_s_tables_print(folde
     runs = pd.read_csv(RESULTS / folder / "runs.csv")
     plan = pairs.read_plan(pd.read_csv(RESULTS / folder / "pairs.csv"))
     floor = pairs.floor_now(runs, plan, _self_matrix(plan))
-    assert floor == pytest.approx(pairs.read_floors(RESULTS / folder)["floor"], rel=1e-9)
+    assert floor == pytest.approx(floors.read_floors(RESULTS / folder)["floor"], rel=1e-9)
     assert (pairs.refusal(floor, 0.05) is not None) is stops
     assert pairs.refusal(floor, None) is None and pairs.refusal(None, 0.05) is None
 
@@ -118,8 +119,8 @@ def _folder(tmp_path, name="f", floor=0.02, target_floor=None, comparisons=(), *
     """A result folder holding floors.json (and a table.md whose printed floors disagree with it)."""
     folder = tmp_path / name
     folder.mkdir()
-    record = pairs.floors_record(floor, list(comparisons), "test", target_floor=target_floor, **keys)
-    (folder / pairs.FLOORS).write_text(pairs.floors_text(record))
+    record = floors.floors_record(floor, list(comparisons), "test", target_floor=target_floor, **keys)
+    (folder / floors.FLOORS).write_text(floors.floors_text(record))
     printed = "Noise floor: ±50.0 %, ...\n\nTime to the target: its noise floor ±40.0 % (...)\n"
     (folder / "table.md").write_text(printed)
     return folder
@@ -160,12 +161,12 @@ def test_a_malformed_floors_json_is_one_line(tmp_path, text, fragment, capsys):
     traceback; and a bench folder (summary.csv) without floors.json names the command that writes it."""
     folder = tmp_path / "f"
     folder.mkdir()
-    (folder / pairs.FLOORS).write_text(text)
+    (folder / floors.FLOORS).write_text(text)
     for read in (results_index.floor_pct, pages.target_floor_of, results_index.headline_of):
         with pytest.raises(SystemExit) as stop:
             read(folder)
         assert fragment in str(stop.value) and "\n" not in str(stop.value), stop.value
-    (folder / pairs.FLOORS).unlink()
+    (folder / floors.FLOORS).unlink()
     (folder / "summary.csv").write_text("config\nx\n")
     with pytest.raises(SystemExit, match="--floors-only --out"):
         results_index.floor_pct(folder)
@@ -250,7 +251,7 @@ def test_floors_only_writes_a_folder_s_floors_json_from_its_data_and_nothing_els
         "runs.csv",
         "summary.csv",
     ]
-    assert pairs.read_floors(folder) == pairs.read_floors(RESULTS / "gpu-h200-2026-11-28")
+    assert floors.read_floors(folder) == floors.read_floors(RESULTS / "gpu-h200-2026-11-28")
     (folder / "summary.csv").unlink()
     proc = run("bench/bench.py", "--out", folder, "--floors-only", timeout=300)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "--floors-only needs" in proc.stderr
@@ -258,12 +259,12 @@ def test_floors_only_writes_a_folder_s_floors_json_from_its_data_and_nothing_els
 
 def test_every_folder_with_comparisons_has_floors_json():
     """Every committed folder the bench wrote (summary.csv) or a study that measures pairs wrote has floors.json, of
-    the shape pairs.check_floors wants: the index reads no floor from Markdown, so a folder without it would lose
+    the shape floors.check_floors wants: the index reads no floor from Markdown, so a folder without it would lose
     its floor and verdicts."""
     for name in results_index.result_folders():
         folder = RESULTS / name
         if (folder / "summary.csv").is_file() or name.startswith(("nanogpt-to-target", "compile-cold-start")):
-            assert pairs.read_floors(folder) is not None, f"{name}/ has no floors.json: bench.py --floors-only"
+            assert floors.read_floors(folder) is not None, f"{name}/ has no floors.json: bench.py --floors-only"
 
 
 JSON = st.recursive(
@@ -303,13 +304,13 @@ VALID = st.fixed_dictionaries(
     | VALID.map(json.dumps)
 )
 def test_floors_json_of_any_bytes_is_read_or_refused_in_one_line(tmp_path_factory, data):
-    """floors.json of any bytes, any JSON, or a record of its shape with any values: pairs.read_floors returns it
+    """floors.json of any bytes, any JSON, or a record of its shape with any values: floors.read_floors returns it
     or raises ValueError (one line); the index's and the pages' readers then give their cell or stop with one line
     (SystemExit), never another exception."""
     folder = tmp_path_factory.mktemp("f")
-    (folder / pairs.FLOORS).write_bytes(data if isinstance(data, bytes) else data.encode())
+    (folder / floors.FLOORS).write_bytes(data if isinstance(data, bytes) else data.encode())
     try:
-        pairs.read_floors(folder)
+        floors.read_floors(folder)
     except ValueError as error:
         assert "\n" not in str(error)
     for read in (results_index.floor_pct, results_index.verdicts_of, results_index.headline_of,

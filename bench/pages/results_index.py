@@ -68,7 +68,7 @@ def floors_of(folder: Path) -> dict | None:
     spread and verdict, written by the bench with its tables or by a study), None where the folder has none (no
     comparison was made there: a probe, a sweep). Raises SystemExit with one line where the file is malformed, or
     where the folder has a summary.csv (the bench wrote it) but no floors.json (`bench.py --floors-only` writes it)."""
-    from pairs import FLOORS, read_floors
+    from floors import FLOORS, read_floors
 
     try:
         record = read_floors(folder)

@@ -35,7 +35,8 @@ sys.path[:0] = [str(REPO / "src"), str(REPO / "bench")]
 
 import pandas as pd  # noqa: E402
 from cells import hardware_line  # noqa: E402
-from pairs import FLOORS, comparison_entry, floors_record, floors_text, noise_floor, ratio_cell  # noqa: E402
+from floors import FLOORS, comparison_entry, floors_record, floors_text  # noqa: E402
+from pairs import noise_floor, ratio_cell  # noqa: E402
 
 import common  # noqa: E402
 

@@ -46,6 +46,7 @@ import pandas as pd
 REPO = Path(__file__).resolve().parents[2]
 sys.path[:0] = [str(REPO / "bench"), str(REPO / "src")]  # pairs, runs; common
 
+import floors
 import pairs
 import runs
 
@@ -287,22 +288,22 @@ def measured(out: Path) -> dict:
 
 
 def floors_json(out: Path) -> str:
-    """floors.json's text (bench/pairs.py floors_record) from runs/, as README.md gives the numbers: `floor` the self
+    """floors.json's text (bench/floors.py floors_record) from runs/, as README.md gives the numbers: `floor` the self
     pair's in tokens/s, `target_floor` in time to the target; each comparison of README.md's ratio table twice (kind
     "side_by_side": measure "rate", b's tokens/s over a's; "time_to_target", a's seconds over b's), and the self
     pair's (kind "same_as"), each verdict against its measure's floor; `pairs_run` the rounds compared (a disturbed
     round counts for no comparison), `pairs_asked` unknown (--rounds is not recorded)."""
     found = measured(out)
-    floors, entries = found["floors"], []
+    floor, entries = found["floors"], []
     for (a, b), measured_ in found["ratios"].items():
         kind = "same_as" if b == f"{a}, again" else "side_by_side"
         for measure, key in (("rate", "tokens_per_s"), ("time_to_target", "time_to_target_s")):
-            entries.append(pairs.comparison_entry(b, a, kind, measure, measured_[key], floors[key]))
-    record = pairs.floors_record(
-        floors["tokens_per_s"], entries, "bench/studies/nanogpt.py", target_floor=floors["time_to_target_s"],
+            entries.append(floors.comparison_entry(b, a, kind, measure, measured_[key], floor[key]))
+    record = floors.floors_record(
+        floor["tokens_per_s"], entries, "bench/studies/nanogpt.py", target_floor=floor["time_to_target_s"],
         pairs_run=len(found["rounds"]) if found["every"] else None,
     )  # fmt: skip
-    return pairs.floors_text(record)
+    return floors.floors_text(record)
 
 
 def readme(out: Path) -> str:
@@ -472,8 +473,8 @@ def main() -> None:
     elif not (args.out / "env.json").is_file():
         fail(f"--tables-only needs {args.out}/env.json and runs/ from an earlier run")
     common.io.atomic_write_text(args.out / "README.md", readme(args.out))
-    common.io.atomic_write_text(args.out / pairs.FLOORS, floors_json(args.out))  # the floors and verdicts as data
-    print(f"nanogpt.py: wrote {args.out / 'README.md'} and {pairs.FLOORS}")
+    common.io.atomic_write_text(args.out / floors.FLOORS, floors_json(args.out))  # the floors and verdicts as data
+    print(f"nanogpt.py: wrote {args.out / 'README.md'} and {floors.FLOORS}")
 
 
 if __name__ == "__main__":
