@@ -290,13 +290,16 @@ def _ladder_cells(text: str) -> dict[str, list[tuple[str, str, str]]]:
 
 
 def test_the_end_of_a_run_fits_a_terminal_and_says_what_ladder_md_says(tmp_path):
-    """`bench.py --tables-only` (the same end as a run's) on a copy of a committed folder, no training: every printed
-    line within 100 columns; each ladder rung measured against its base in a line of its own with the ratio and
-    verdict that ladder.md prints for it, and the whole ladder's "× train.py"; the noise floor of table.md's header;
+    """`bench.py --tables-only` (the same end as a run's) on a copy of the current CPU ladders' folder (results/
+    current.toml: its runs are the cpu profile's rows), no training: every printed line within 100 columns; each
+    ladder rung measured against its base in a line of its own with the ratio and verdict that ladder.md prints for
+    it, and the whole ladder's "× train.py"; the noise floor of table.md's header;
     the rows not measured counted; where the tables, plots and side-by-side pages are; and the wide tables left in
     table.md, not printed (what the end printed before: rows of 20-30 columns that wrapped on any screen)."""
     out = tmp_path / "r"
-    shutil.copytree(REPO / "results" / "cpu-2core-avx512bf16-2026-11-27", out)
+    topics = tomllib.loads((REPO / "results" / "current.toml").read_text())["topic"]
+    current = next(t["folder"] for t in topics if t["name"] == "CPU ladders")  # its runs cover the cpu profile's rows
+    shutil.copytree(REPO / "results" / current, out)
     proc = run("bench/bench.py", "--tables-only", "--out", out, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     lines = proc.stdout.splitlines()
