@@ -326,7 +326,7 @@ def test_the_end_of_a_run_fits_a_terminal_and_says_what_ladder_md_says(tmp_path)
         if rungs[-1][1] != "–" and sum(c != "–" for _, c, _ in rungs) > 1:
             assert any(re.search(r"whole, (images|tokens)/s", line) and whole.split(",")[0] in line for line in block), (
                 name, block)
-    assert measured == 10  # 4 + 3 + 2 + 1: every measured link of the four ladders
+    assert measured == 12  # 4 + 3 + 3 + 2: every measured link of the four ladders (train_fast.py in each)
     assert "Not measured: 1 skipped" in proc.stdout  # train_channels_last.py gpt, in two ladders: one row
     for place in ("table.md", "ladder.md", "*.png", "index.html"):
         assert place in proc.stdout
