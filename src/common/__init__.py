@@ -29,8 +29,8 @@ The map: each module, what it owns, and [what it imports from the package]. No m
     gpt         the GPT (token + position embeddings, causal blocks, LM head), GPT_CONFIGS          [vit]
     text        Shakespeare as character tokens (check_corpus, shakespeare, blocks), generate       [env]
     evaluation  evaluate: test loss and accuracy                                                    []
-    target      --target-loss: the probe of a held-out sample's loss every K steps, clock stopped   [errors, models,
-                (target_probe, which a script hands its Meter; check, record, fields)                text]
+    target      --target-loss: the probe of a held-out sample's loss every K steps, clock stopped   [data, errors,
+                (target_probe, which a script hands its Meter; check, record, fields)                models]
     meter       Meter (images/s, step times, data-wait, activations, FLOPs), memory_stats,
                 gather_summary (over ranks), StageClock (a pipeline rank's bubble, Meter's),       []
                 flop_counter (every FLOP count's: causal attention as the causal kernel runs it)

@@ -168,6 +168,19 @@ class SyntheticLoader:
             yield self.images, self.labels
 
 
+def shakespeare_sets(args: argparse.Namespace):
+    """(train_set, test_set) of the text at --seq-len (`text.shakespeare`), cut to the training works' first --subset
+    blocks and the held-out plays' first --test-subset: what `load_data` hands a script, and the blocks the
+    --target-loss probe samples (common/target.py). Raises text.BadCorpus when the corpus is missing or damaged."""
+    train_set, test_set = text.shakespeare(args.seq_len)
+    if args.subset or getattr(args, "test_subset", None):
+        train_set, test_set = (
+            torch.utils.data.TensorDataset(*(tensor[:n] for tensor in dataset.tensors))
+            for dataset, n in ((train_set, args.subset), (test_set, getattr(args, "test_subset", None)))
+        )
+    return train_set, test_set
+
+
 def load_data(args: argparse.Namespace):
     """Return `(train_set, test_set)` for `--dataset fashion-mnist` or `shakespeare`, after checking they fit
     `--batch-size`. Shakespeare: TensorDatasets of (inputs, targets) int64 (N, --seq-len) blocks (`text.shakespeare`),
@@ -178,14 +191,9 @@ def load_data(args: argparse.Namespace):
     """
     if args.dataset == "shakespeare":
         try:
-            train_set, test_set = text.shakespeare(args.seq_len)
+            train_set, test_set = shakespeare_sets(args)
         except text.BadCorpus as error:
             die(f"{error}; get it with `{text.SETUP}`")
-        if args.subset or getattr(args, "test_subset", None):
-            train_set, test_set = (
-                torch.utils.data.TensorDataset(*(tensor[:n] for tensor in dataset.tensors))
-                for dataset, n in ((train_set, args.subset), (test_set, getattr(args, "test_subset", None)))
-            )
         if len(train_set) < args.batch_size:
             die(f"--batch-size {args.batch_size} is larger than the {len(train_set)} training blocks; lower it")
         return train_set, test_set

@@ -30,7 +30,7 @@ import os
 import torch
 import torch.nn as nn
 
-from . import text
+from .data import shakespeare_sets
 from .errors import die
 from .models import TEXT_MODELS
 
@@ -116,16 +116,14 @@ def target_probe(args, model: nn.Module) -> TargetProbe | None:
 
     `model` is the model as built: a torch.compile wrapper (`_orig_mod`) or DistributedDataParallel (`module`) is
     looked through, so the probe never recompiles for eval mode. The sample: `--target-sample` blocks (all when
-    fewer) of the held-out plays at --seq-len (`text.shakespeare`'s validation works, its first --test-subset
-    blocks where that is given: the blocks load_data hands the script), drawn once with SAMPLE_SEED. Evaluated in
+    fewer) of the held-out plays at --seq-len (`data.shakespeare_sets`: the blocks load_data hands the script, its
+    first --test-subset where that is given), drawn once with SAMPLE_SEED. Evaluated in
     chunks of max(--batch-size, 64) blocks."""
     if getattr(args, "target_loss", None) is None:
         return None
     while isinstance(inner := getattr(model, "_orig_mod", getattr(model, "module", None)), nn.Module):
         model = inner  # torch.compile's OptimizedModule, DDP / DataParallel, in any order: the model inside
-    heldout = text.shakespeare(args.seq_len)[1]
-    if getattr(args, "test_subset", None):
-        heldout = torch.utils.data.TensorDataset(*(tensor[: args.test_subset] for tensor in heldout.tensors))
+    heldout = shakespeare_sets(args)[1]  # the script's held-out blocks (load_data's)
     return TargetProbe(args.target_loss, args.eval_every, model, heldout, args.target_sample, max(args.batch_size, 64))
 
 
