@@ -22,8 +22,10 @@ emulation scales float32 activations.
 More: docs/techniques/train_float8.md
 """
 
+import dataclasses  # new #
 import itertools
 import os  # new #
+import re  # new #
 import shutil  # new #
 import warnings  # new #
 
@@ -36,7 +38,7 @@ import common
 
 # new # begin: torchao's float8 training (requirements.txt); a missing package is one line, not a traceback
 try:
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    from torchao.float8 import Float8LinearConfig, _auto_filter_for_recipe, convert_to_float8_training
 except ImportError:
     common.die("train_float8.py needs torchao: pip install 'torchao>=0.18' (requirements.txt has it)")
 # new # end
@@ -60,6 +62,19 @@ parser.add_argument(  # new #
     action="store_true",
     help="regional compile: each transformer block (ViT, GPT) compiled on its own, not the whole model; Dynamo reuses "
     "the first block's graph for the others",
+)
+parser.add_argument(  # new #
+    "--float8-recipe",
+    choices=["tensorwise", "rowwise"],
+    default="tensorwise",
+    help="torchao's recipe: tensorwise, one scale per tensor (torchao's default, the fastest); rowwise, one scale per "
+    "row, rounded to a power of 2 (more accurate, slower; torchtitan's choice)",
+)
+parser.add_argument(  # new #
+    "--float8-all-layers",
+    action="store_true",
+    help="convert every Linear float8 can run (dimensions multiples of 16, the head excepted), not only those "
+    "torchao's filter for the recipe expects to pay (larger than its thresholds, measured on an H100)",
 )
 parser.add_argument(  # new #
     "--float8-emulate",
@@ -147,27 +162,50 @@ if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
 # new # end
 
 
-# new # begin: the Linear layers float8 can run become torchao's Float8Linear (same weights, same state dict keys)
-def float8_ok(module: nn.Module, name: str) -> bool:
-    """Whether to convert the layer `name`: torch._scaled_mm needs both of a weight's dimensions to be multiples of 16,
-    and the head stays in bfloat16 whatever its size (the last projection is the most sensitive to rounding;
-    torchtitan leaves its `output` out too)."""
-    return (
-        isinstance(module, nn.Linear)
-        and module.in_features % 16 == 0
-        and module.out_features % 16 == 0
-        and not name.startswith("head")
-    )
+# new # begin: the Linear layers float8 can run, and pays on, become torchao's Float8Linear (same weights and names)
+# torchao's filter for the recipe (torchtitan's auto_filter_small_kn), from its H100 tables: a weight (N, K) stays in
+# bfloat16 when float8's casts would cost more than its matmul saves: tensorwise when K <= 4096 and N <= 1024;
+# rowwise when N <= 2048, K <= 1024, or N <= 4096 and K <= 2048. At GPT-2's width (768) that leaves the MLP's first
+# Linear (3072 x 768) to tensorwise, and nothing to rowwise.
+pays = _auto_filter_for_recipe(args.float8_recipe, filter_fqns=["head"])
 
 
-linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
-# tensorwise dynamic scaling (torchao's default recipe); pad_inner_dim: torch._scaled_mm wants K and N of its
-# (M x K) @ (K x N) multiples of 16 (M is free), and the weight's gradient multiplies over the batch's tokens (a ViT's
-# 197 a sample): torchao zero-pads the inner dimension, which adds nothing (off by default: a padded copy, more memory)
-config = Float8LinearConfig(pad_inner_dim=True, emulate=args.float8_emulate)
-convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)
-kept = [name for name, m in model.named_modules() if type(m) is nn.Linear]  # a Float8Linear is a subclass
-print(f"float8: {len(linears) - len(kept)} of {len(linears)} Linear layers; kept in bfloat16: {', '.join(kept)}")
+def float8_kept_why(module: nn.Module, name: str) -> str | None:
+    """None to convert the Linear layer `name`, else why it stays in bfloat16: the head whatever its size (the last
+    projection is the most sensitive to rounding; torchtitan leaves its `output` out too), a weight whose dimensions
+    are not multiples of 16 (torch._scaled_mm's rule), and, unless --float8-all-layers, one torchao's filter leaves."""
+    n, k = module.weight.shape
+    if name.startswith("head"):
+        return "the head"
+    if n % 16 or k % 16:
+        return f"weight {n} x {k}: not multiples of 16"
+    if not args.float8_all_layers and not pays(module, name):
+        return f"weight {n} x {k}: under torchao's {args.float8_recipe} threshold"
+    return None
+
+
+linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+kept = {name: why for name, m in linears.items() if (why := float8_kept_why(m, name))}
+# pad_inner_dim: torch._scaled_mm wants K and N of its (M x K) @ (K x N) multiples of 16 (M is free), and the weight's
+# gradient multiplies over the batch's tokens (a ViT's 197 a sample): torchao zero-pads the inner dimension, which
+# adds nothing (off by default: a padded copy, more memory)
+config = Float8LinearConfig.from_recipe_name(args.float8_recipe)
+config = dataclasses.replace(config, pad_inner_dim=True, emulate=args.float8_emulate)
+convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name not in kept)
+converted = [name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"]
+scaling = {model.get_submodule(n).config.cast_config_input.scaling_granularity.value for n in converted}  # read back
+
+
+def blocks(names) -> str:
+    """Layer names with block0 ... block11 written once, as block*: "block*.mlp.fc1, head.fc"."""
+    return ", ".join(dict.fromkeys(re.sub(r"^block\d+", "block*", name) for name in names))
+
+
+print(f"float8 ({args.float8_recipe}): {len(converted)} of {len(linears)} Linear layers: {blocks(converted) or 'no'}")
+for why in dict.fromkeys(kept.values()):  # each reason once, with its layers (block0 ... block11 as block*)
+    print(f"float8: kept in bfloat16 ({why}): {blocks(n for n, w in kept.items() if w == why)}", flush=True)
+if not converted:  # torchao's filter left every layer: the run is train_compile.py's in bfloat16
+    print("float8: no layer converted: this run is train_compile.py's bfloat16 (--float8-all-layers converts them)")
 if args.float8_emulate:  # float8 rounding and scales, float32 matmuls, no _scaled_mm: the code path, not a speed
     print("float8: emulated (--float8-emulate): float8-rounded values multiplied in float32, no float8 kernel")
 elif device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):  # float8 tensor cores: Ada, Hopper
@@ -284,6 +322,10 @@ common.report(
     recompiled_steps=max(0, compile_steps - 1),  # new # later steps that compiled (kept out of images/s)
     compile_mode=args.compile_mode,  # new #
     compiled_blocks=sum(r is not m for r, m in zip(compiled, model)) if args.compile_regions else None,  # new #
+    float8_recipe=args.float8_recipe,  # new #
+    float8_layers=len(converted),  # new # Linear layers that run in float8
+    float8_scaling=", ".join(sorted(scaling)) or None,  # new # tensorwise; axiswise: rowwise's scales
+    float8_filter="every layer" if args.float8_all_layers else "torchao's",  # new #
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )
 if args.model in common.TEXT_MODELS and args.sample_chars and preemption.stopped_at is None:  # what the GPT learned

@@ -39,6 +39,7 @@ NATIVE = "tests/test_muon.py::test_a_cpu_without_native_bfloat16_gets_float32_ne
 CKDIR = "tests/test_checkpoint_dir.py::"
 NS = "tests/test_muon.py::test_common_muon_in_bfloat16_is_torch_s_bit_for_bit_and_in_float32_is_newton_schulz_written_out"
 CE = "tests/test_chunked_ce.py::"
+FLEX = "tests/test_flex_attention.py::test_each_packed_speech_s_logits_are_those_of_the_speech_alone"
 VARLEN = "test_varlen_pads_right_so_each_real_token_s_loss_is_its_unpadded_one_and_buckets_hold_every_speech"
 # (lesson, bug, file, old text, new text, test): the realistic bugs, at least one per lesson
 MUTATIONS = [
@@ -122,6 +123,14 @@ MUTATIONS = [
      "src/train_compiled_optimizer.py",
      "                mine.fill_(value)  # the schedule's float beta1", "                pass  #",
      EQ + "test_compiled_optimizer_matches_train_and_compiles_once"),
+    ("train_flex_attention.py", "the plain causal mask: a speech attends to the speeches before it in its block",
+     "src/train_flex_attention.py", "return (k <= q) & (speech[b, q] == speech[b, k])", "return k <= q", FLEX),
+    ("train_flex_attention.py", "a speech starts one character late: its first character attends to the one before",
+     "src/train_flex_attention.py", "starts = before & newline & ~after",
+     "starts = torch.cat([none, (before & newline & ~after)[:, :-1]], 1)", FLEX),
+    ("train_flex_attention.py", "positions count from the block's start, not the speech's",
+     "src/train_flex_attention.py", "return self.token(tokens) + self.position(offset)",
+     "return self.token(tokens) + self.position(torch.arange(tokens.size(1), device=tokens.device))", FLEX),
     ("train_chunked_ce.py", "each chunk's mean times its size: its sum without ignored targets, not with them",
      "src/train_chunked_ce.py",
      'cross_entropy(fc(h), y, reduction="sum")', 'cross_entropy(fc(h), y) * y.numel()',
@@ -152,9 +161,19 @@ MUTATIONS = [
      'logging.getLogger("torch.compiler._cache").setLevel(logging.CRITICAL)', 'pass',
      EQ + "test_compile_cache_starts_warm_from_its_file_alone_and_trains_as_train_compile"),
     ("train_float8.py", "no filter: torchao converts every Linear, the head and its 84 outputs too", "src/train_float8.py",
-     "convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)",
+     "convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name not in kept)",
      "convert_to_float8_training(model, config=config)",
-     EQ + "test_float8_converts_each_blocks_linears_keeps_the_head_and_refuses_a_cpu[gpt2]"),
+     EQ + "test_float8_converts_what_torchao_s_filter_says_keeps_the_head_and_refuses_a_cpu[gpt2-tensorwise-all]"),
+    ("train_float8.py", "torchao's size filter left out: every layer converted at GPT-2's width, small ones too",
+     "src/train_float8.py", "if not args.float8_all_layers and not pays(module, name):", "if False:",
+     EQ + "test_float8_converts_what_torchao_s_filter_says_keeps_the_head_and_refuses_a_cpu[gpt2-tensorwise]"),
+    ("train_float8.py", "the filter of the default recipe whatever --float8-recipe says", "src/train_float8.py",
+     "pays = _auto_filter_for_recipe(args.float8_recipe, filter_fqns=[\"head\"])",
+     "pays = _auto_filter_for_recipe(\"tensorwise\", filter_fqns=[\"head\"])",
+     EQ + "test_float8_converts_what_torchao_s_filter_says_keeps_the_head_and_refuses_a_cpu[gpt-wide-rowwise]"),
+    ("train_float8.py", "--float8-recipe rowwise runs torchao's default config (tensorwise scales)", "src/train_float8.py",
+     "config = Float8LinearConfig.from_recipe_name(args.float8_recipe)", "config = Float8LinearConfig()",
+     EQ + "test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break_in_both_recipes"),
     ("train_cuda_graphs.py", "no refusal on a CPU: the script goes on to torch.cuda.Stream()", "src/train_cuda_graphs.py",
      'if device.type != "cuda":\n    common.die(', 'if False:\n    common.die(',
      EQ + "test_cuda_graphs_refuse_a_cpu_and_the_compile_modes_that_capture_graphs_in_one_line"),
@@ -376,13 +395,13 @@ MUTATIONS = [
      "tests/test_meter.py::test_the_gpt_s_sdpa_count_is_the_written_out_one_less_its_strict_upper_triangles"),
     ("train_float8.py", "a non-finite check of the logits in the compiled forward (a host sync): a graph break",
      "src/train_float8.py",
-     "convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)\n",
-     "convert_to_float8_training(model, config=config, module_filter_fn=float8_ok)\n"
+     "convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name not in kept)\n",
+     "convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name not in kept)\n"
      "model.head.register_forward_hook(  # float8 can overflow: stop at the first non-finite logits\n"
      "    lambda module, inputs, logits: common.die('float8: non-finite logits') if not logits.isfinite().all()"
      " else None\n"
      ")\n",
-     EQ + "test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break"),
+     EQ + "test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break_in_both_recipes"),
     ("train_fast.py", "Muon back in the GPU ladder's GPT-2 throughput rung (its --without muon dropped, its name kept)",
      "bench/profiles.toml",
      'name = "train_fast.py gpt2, bf16, without Muon"\nscript = "src/train_fast.py"\nargs = ["--model", "gpt2", '

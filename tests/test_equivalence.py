@@ -433,27 +433,46 @@ def test_tf32_is_train_bit_for_bit_on_a_cpu_and_sets_tf32(ladder):
     assert tf32["metrics"]["technique"] == "TF32"
 
 
-# float8: which Linear layers become torchao's Float8Linear, read from the script's own line before it refuses a
-# machine without float8 tensor cores. GPT-2's shape and ViT-B/16: 12 blocks of q, k, v, out, fc1 and fc2 (72 layers,
-# every dimension a multiple of 16), and the head (84 characters / 10 classes), kept in bfloat16.
+# float8: which Linear layers become torchao's Float8Linear, read from the script's own lines before it refuses a
+# machine without float8 tensor cores. By default torchao's filter for the recipe decides (_auto_filter_for_recipe,
+# thresholds from its H100 tables); --float8-all-layers converts every block's q, k, v, out, fc1 and fc2. The head (84
+# characters / 10 classes) stays in bfloat16 either way. GPT-2's shape and ViT-B/16: width 768, MLP 3072, 12 blocks;
+# gpt-wide: width 2048, MLP 8192, 4 blocks.
 FLOAT8 = [
-    ("gpt2", ["--seq-len", "128"], 72, 73),
-    ("vit", ["--dataset", "synthetic", "--image-size", "224"], 72, 73),
-    ("gpt", ["--seq-len", "64"], 24, 25),
-]
+    ("gpt2", "tensorwise", [], "12 of 73 Linear layers: block*.mlp.fc1"),
+    ("gpt2", "rowwise", [], "0 of 73 Linear layers: no"),
+    ("gpt-wide", "tensorwise", [],
+     "24 of 25 Linear layers: block*.attn.q, block*.attn.k, block*.attn.v, block*.attn.out, block*.mlp.fc1, block*.mlp.fc2"),
+    ("gpt-wide", "rowwise", [], "4 of 25 Linear layers: block*.mlp.fc1"),
+    ("gpt2", "tensorwise", ["--float8-all-layers"],
+     "72 of 73 Linear layers: block*.attn.q, block*.attn.k, block*.attn.v, block*.attn.out, block*.mlp.fc1, block*.mlp.fc2"),
+    ("vit", "tensorwise", ["--dataset", "synthetic", "--image-size", "224"], "12 of 73 Linear layers: block*.mlp.fc1"),
+]  # fmt: skip
 
 
-@pytest.mark.parametrize("model,flags,converted,linears", FLOAT8, ids=[f[0] for f in FLOAT8])
-def test_float8_converts_each_blocks_linears_keeps_the_head_and_refuses_a_cpu(model, flags, converted, linears):
-    """train_float8.py on a CPU: it converts the model as it would on a GPU (torchao's convert_to_float8_training with
-    the script's filter), prints which layers it converted and which it kept, then stops in one line (exit 2): float8
-    matmuls need compute capability 8.9+. Compared: the count of converted Linear layers (every one of each block's
-    six) and the one kept (the head: float8 would round the logits' last projection, and 84 or 10 outputs are not a
-    multiple of 16 either). A filter that converted the head, or missed a block's layers, changes the line."""
-    proc = run("src/train_float8.py", *SAME, "--model", model, *flags, "--batch-size", "2", "--max-steps", "1",
-               "--subset", "4")  # fmt: skip
+@pytest.mark.parametrize("model,recipe,flags,line", FLOAT8, ids=[f"{f[0]}-{f[1]}{'-all' if f[2][:1] == ['--float8-all-layers'] else ''}" for f in FLOAT8])  # fmt: skip
+def test_float8_converts_what_torchao_s_filter_says_keeps_the_head_and_refuses_a_cpu(model, recipe, flags, line):
+    """train_float8.py on a CPU: it converts the model as it would on a GPU, prints the layers it converted and, for
+    each reason, those it kept, then stops in one line (exit 2): float8 matmuls need compute capability 8.9+.
+    Compared: the converted layers (by default those torchao's own filter for the recipe accepts, asked of torchao
+    here: at width 768 the MLP's first Linear alone with tensorwise, none with rowwise; at 2,048 all six with
+    tensorwise, fc1 with rowwise), the head kept with its reason, and with --float8-all-layers every block's six.
+    A filter that converted the head, ignored torchao's thresholds or the recipe, or missed a block's layers, changes
+    the lines."""
+    from torchao.float8 import _auto_filter_for_recipe
+
+    size = ["--seq-len", "64"] if model != "vit" else []
+    proc = run("src/train_float8.py", *SAME, "--model", model, *size, *flags, "--float8-recipe", recipe,
+               "--batch-size", "2", "--max-steps", "1", "--subset", "4")  # fmt: skip
     assert_one_line_error(proc, "float8 matmuls need an NVIDIA GPU of compute capability 8.9+", "cpu")
-    assert f"float8: {converted} of {linears} Linear layers; kept in bfloat16: head.fc\n" in proc.stdout
+    assert f"float8 ({recipe}): {line}\n" in proc.stdout, proc.stdout
+    assert "float8: kept in bfloat16 (the head): head.fc\n" in proc.stdout
+    if "--float8-all-layers" not in flags:  # the converted layers are those torchao's filter accepts
+        plain = common.build_model(model, *((84, 64) if model != "vit" else (3, 224)))
+        pays = _auto_filter_for_recipe(recipe, filter_fqns=["head"])
+        accepted = sum(isinstance(m, torch.nn.Linear) and pays(m, name) for name, m in plain.named_modules())
+        assert line.startswith(f"{accepted} of "), (accepted, line)
+        assert ("no layer converted" in proc.stdout) == (accepted == 0)
 
 
 def test_a_float8_model_s_state_dict_is_the_plain_model_s():
@@ -503,23 +522,36 @@ def compiled_graphs(out: Path, script: str, *flags: str) -> tuple[dict, list[str
     return json.loads(metrics.read_text()), breaks, proc.stdout
 
 
-def test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break(tmp_path):
-    """train_float8.py --float8-emulate vs its base train_compile.py on a CPU, bfloat16 autocast, the small GPT: 2
-    epochs of 2 compiled training steps with an evaluation between them (the eager model, under autocast: a recompile
-    it caused would show at the next epoch's first step). Compared: Dynamo's graph count, equal (1, today), no later
-    step recompiled, and no graph break in either log. That float8 ran: its 24 of 25 Linear layers converted, the
-    emulation named, and the precision label. What it catches: a graph break or host sync put into the compiled
-    forward by the lesson (each break is another graph at least), or a recompile after the first step."""
+def test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break_in_both_recipes(tmp_path):
+    """train_float8.py --float8-emulate --float8-all-layers, with each of torchao's recipes (tensorwise, rowwise), vs
+    its base train_compile.py on a CPU, bfloat16 autocast, the small GPT (whose layers torchao's filter would all
+    keep: --float8-all-layers converts them): 2 epochs of 2 compiled training steps with an evaluation between them
+    (the eager model, under autocast: a recompile it caused would show at the next epoch's first step). Compared:
+    Dynamo's graph count, equal (1, today), no later step recompiled, and no graph break in either log. That float8
+    ran, and with the recipe asked for: its 24 of 25 Linear layers converted, the emulation named, the scales read
+    back from a converted layer (tensorwise; rowwise's are axiswise), and the precision label; the training loss
+    follows the base's within 1 % (float8's rounding of activations, weights and gradients; 0.14 % measured, and a
+    recipe whose scales went wrong, or a float8 cast without its scale, is off by far more). What it catches: a graph
+    break or host sync put into the compiled forward by the lesson (each break is another graph at least), a
+    recompile after the first step, or a recipe flag that does not reach torchao."""
     base, base_breaks, _ = compiled_graphs(
         tmp_path, "train_compile.py", *SAME, *FLOAT8_COMPILE, "--amp-dtype", "bfloat16"
     )
-    float8, breaks, stdout = compiled_graphs(tmp_path, "train_float8.py", *SAME, *FLOAT8_COMPILE, "--float8-emulate")
-    assert "float8: 24 of 25 Linear layers; kept in bfloat16: head.fc\n" in stdout and "float8: emulated" in stdout
-    assert float8["precision"] == "amp bfloat16 + float8 emulated" and base["precision"] == "amp bfloat16"
-    assert float8["steps"] == base["steps"] == 4 and len(float8["epochs"]) == 2
     assert base["graphs_compiled"] == 1 and base["recompiled_steps"] == 0 and base_breaks == []
-    assert breaks == [], f"graph breaks at {breaks}"
-    assert float8["graphs_compiled"] == base["graphs_compiled"] == 1 and float8["recompiled_steps"] == 0
+    assert base["precision"] == "amp bfloat16"
+    layers = "block*.attn.q, block*.attn.k, block*.attn.v, block*.attn.out, block*.mlp.fc1, block*.mlp.fc2"
+    for recipe, scaling in (("tensorwise", "tensorwise"), ("rowwise", "axiswise")):
+        flags = ["--float8-emulate", "--float8-all-layers", "--float8-recipe", recipe]
+        float8, breaks, stdout = compiled_graphs(tmp_path, "train_float8.py", *SAME, *FLOAT8_COMPILE, *flags)
+        assert f"float8 ({recipe}): 24 of 25 Linear layers: {layers}\n" in stdout and "float8: emulated" in stdout
+        assert float8["float8_recipe"] == recipe and float8["float8_scaling"] == scaling and float8["float8_layers"] == 24
+        assert float8["precision"] == "amp bfloat16 + float8 emulated"
+        assert float8["steps"] == base["steps"] == 4 and len(float8["epochs"]) == 2
+        assert breaks == [], f"{recipe}: graph breaks at {breaks}"
+        assert float8["graphs_compiled"] == base["graphs_compiled"] == 1 and float8["recompiled_steps"] == 0
+        losses_ = [(e["train_loss"], b["train_loss"]) for e, b in zip(float8["epochs"], base["epochs"], strict=True)]
+        print(f"float8 {recipe} emulated vs train_compile.py: train losses {losses_}")
+        assert all(abs(a - b) < 0.01 * b for a, b in losses_), losses_
 
 
 @pytest.mark.gpu

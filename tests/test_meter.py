@@ -90,6 +90,20 @@ def test_the_probe_step_runs_eagerly_is_counted_and_stays_out_of_the_window(monk
     assert stats["images_per_s"] == pytest.approx(3 * 4 / 0.03)  # 12 images in 30 ms, the probe's 3 s left out
 
 
+@pytest.mark.gpu
+def test_a_gpu_s_peak_memory_leaves_the_probe_step_out():
+    """On a GPU the probe step runs eagerly: what it alone allocates (here 1 GiB, freed before the step ends) is not
+    the run's peak, which the steps after it set (64 MiB each)."""
+    device = torch.device("cuda")
+    meter = common.Meter(device, warmup_steps=1)
+    meter.resume()
+    for mib in [64, 1024, 64, 64]:
+        for _ in meter.loader([None]):
+            torch.empty(mib * 2**20, dtype=torch.uint8, device=device).fill_(1)
+            meter.step(1)
+    assert 0.06 < meter.summary()["peak_mem_allocated_gib"] < 0.5
+
+
 def test_a_probe_step_that_raises_or_is_left_closes_what_it_opened(monkeypatch):
     """An exception inside the probe step, or a loop that leaves it (SIGTERM's break, then pause()): the stance is
     back to default, no dispatch mode or saved-tensor hook is left on as soon as the loop is left (a traceback's

@@ -327,6 +327,9 @@ class Meter:
             self.flops_per_image = flops / n_images if flops else 0.0
             self._flops_per_token = flops / tokens if tokens and flops else None  # varying lengths: see summary()
             measured = False
+            for d in self.devices:  # and out of the peak: an eager step holds what a compiled one never does
+                if d.type == "cuda":
+                    torch.cuda.reset_peak_memory_stats(d)
         self.steps += 1
         self._all_images += n_images
         self._all_tokens += tokens or 0
@@ -401,7 +404,9 @@ class Meter:
         """Per-process figures: images_per_s (None and a note when not measured), step_ms_p50/p90, step_ms_blocked and
         step_blocks_spread (`blocked`), data_wait_frac,
         measured_steps, windows, first_step_s, train_s (s), activation_mib (MiB) and flops_per_image (None when
-        the run had no probe step: one step, or METER_PROBE=0), peak memory (GiB, `memory_stats`), and
+        the run had no probe step: one step, or METER_PROBE=0), peak memory (GiB, `memory_stats`: on a GPU from the
+        probe step's end on, whose eager step can hold what the compiled steps never do, e.g. a flex_attention's
+        scores), and
         train_started_unix / train_stopped_unix (the wall clock, s since the epoch, at the first `resume()` and the
         last `pause()`: the bench splits a run's time outside training into start-up and what follows)."""
         self.pause()
