@@ -70,7 +70,7 @@ import diff_pages  # noqa: E402
 import estimate  # noqa: E402
 import pandas as pd  # noqa: E402
 import torch  # noqa: E402
-from cells import RATIO_STATISTICS, hardware_line, provenance_line  # noqa: E402
+from cells import RATIO_STATISTICS, hardware_line, provenance_line, rate_text  # noqa: E402
 from peak import gemm_peak_in_a_child, peak_line  # noqa: E402
 import floors  # noqa: E402
 import pairs  # noqa: E402
@@ -464,7 +464,7 @@ class Matrix:
             bar.write(
                 f"{row['config']} r{k}: {row['status']}"
                 + (" (already there, --resume)" if row is previous else "")
-                + (f", {row['images_per_s']:.1f} images/s" if pd.notna(row.get("images_per_s") or None) else "")
+                + (f", {rate_text(row)}" if pd.notna(row.get("images_per_s") or None) else "")  # tokens/s for a GPT
                 + (f" ({row['reason']})" if isinstance(row.get("reason"), str) and row["reason"] else "")
             )
             if self.too_busy(job.index, bar):

@@ -1,22 +1,25 @@
 """float8 training: train_compile.py + torchao's Float8Linear for the transformer's Linear layers, in bfloat16 autocast.
 
-Each converted layer scales its input, its weight and (in backward) its output's gradient into float8 (e4m3 forward,
-e5m2 for gradients; one scale per tensor, from its largest value) and multiplies on float8 tensor cores
-(torch._scaled_mm), at twice bfloat16's datasheet rate on an H100; the weights stay float32 for the optimizer, the
-rest of the model runs in bfloat16 under autocast, and torch.compile fuses the scaling into the neighbouring kernels
-(without it the casts cost more than the matmuls save). Layers whose dimensions are not multiples of 16 cannot use
-the float8 kernel, and the model's head stays in bfloat16. Needs torchao and an NVIDIA GPU of compute capability 8.9+
-(Ada, Hopper, Blackwell); elsewhere it lists the layers it would convert and stops in one line. `--float8-emulate`
-runs torchao's emulation instead: values rounded to float8 and scaled, then multiplied in ordinary float32 matmuls, no
-speed-up; it checks the lesson's code path on a machine without float8 tensor cores, not the `torch._scaled_mm` path a
-GPU runs, and on a CPU Float8Linear does not cast its input to bfloat16 (it checks CUDA's autocast only), so there the
+Each converted layer scales its input, its weight and (in backward) its output's gradient into float8 and multiplies
+on float8 tensor cores (torch._scaled_mm), at twice bfloat16's datasheet rate on an H100; the weights stay float32 for
+the optimizer, the rest of the model runs in bfloat16 under autocast, and torch.compile fuses the scaling into the
+neighbouring kernels (without it the casts cost more than the matmuls save). --float8-recipe: tensorwise (torchao's
+default: one scale per tensor, e5m2 for gradients) or rowwise (a scale per row, a power of 2; more accurate, slower).
+Which layers: by default those torchao's own filter for the recipe expects to pay (its H100 tables: at GPT-2's width
+only the MLP's first Linear with tensorwise, none with rowwise; at width 2,048 all six of a block with tensorwise);
+--float8-all-layers converts every Linear whose dimensions are multiples of 16; the head stays in bfloat16 either way.
+The run prints what it converted and why it kept the rest. Needs torchao and an NVIDIA GPU of compute capability 8.9+
+(Ada, Hopper, Blackwell); elsewhere it lists the layers and stops in one line. `--float8-emulate` runs torchao's
+emulation instead: values rounded to float8 and scaled, then multiplied in ordinary float32 matmuls, no speed-up; it
+checks the lesson's code path on a machine without float8 tensor cores, not the `torch._scaled_mm` path a GPU runs,
+and on a CPU Float8Linear does not cast its input to bfloat16 (it checks CUDA's autocast only), so there the
 emulation scales float32 activations.
 
     python src/train_float8.py --model gpt2 --seq-len 1024 --batch-size 16 --max-steps 100   # on a GPU (8.9+)
     python src/train_float8.py --model gpt-wide --seq-len 1024 --batch-size 8 --max-steps 100   # on a GPU: width 2048
-    python src/train_float8.py --device cpu --model gpt --max-steps 1    # a CPU: the layers it converts, then it stops
+    python src/train_float8.py --device cpu --model gpt2 --float8-recipe rowwise --max-steps 1   # a CPU: which layers
     TORCH_LOGS=graph_breaks,recompiles python src/train_float8.py --device cpu --model gpt --float8-emulate \
-        --max-steps 4        # on a CPU: torchao's emulation, float32 matmuls, no _scaled_mm (no speed-up)
+        --float8-all-layers --max-steps 4   # on a CPU: torchao's emulation, float32 matmuls, no _scaled_mm
     diff src/train_compile.py src/train_float8.py                        # only the lines marked `# new #`
 
 More: docs/techniques/train_float8.md
@@ -40,7 +43,7 @@ import common
 try:
     from torchao.float8 import Float8LinearConfig, _auto_filter_for_recipe, convert_to_float8_training
 except ImportError:
-    common.die("train_float8.py needs torchao: pip install 'torchao>=0.18' (requirements.txt has it)")
+    common.die("train_float8.py needs torchao 0.18 or newer: pip install 'torchao>=0.18' (requirements.txt has it)")
 # new # end
 
 parser = common.get_parser(__doc__)
@@ -68,7 +71,7 @@ parser.add_argument(  # new #
     choices=["tensorwise", "rowwise"],
     default="tensorwise",
     help="torchao's recipe: tensorwise, one scale per tensor (torchao's default, the fastest); rowwise, one scale per "
-    "row, rounded to a power of 2 (more accurate, slower; torchtitan's choice)",
+    "row, rounded to a power of 2 (more accurate, slower; torchtitan offers both)",
 )
 parser.add_argument(  # new #
     "--float8-all-layers",
@@ -167,7 +170,7 @@ if not all(x.is_contiguous(memory_format=torch.channels_last) for x in inputs):
 # bfloat16 when float8's casts would cost more than its matmul saves: tensorwise when K <= 4096 and N <= 1024;
 # rowwise when N <= 2048, K <= 1024, or N <= 4096 and K <= 2048. At GPT-2's width (768) that leaves the MLP's first
 # Linear (3072 x 768) to tensorwise, and nothing to rowwise.
-pays = _auto_filter_for_recipe(args.float8_recipe, filter_fqns=["head"])
+pays = _auto_filter_for_recipe(args.float8_recipe, filter_fqns=[])  # (the head: float8_kept_why's own rule)
 
 
 def float8_kept_why(module: nn.Module, name: str) -> str | None:
@@ -178,9 +181,9 @@ def float8_kept_why(module: nn.Module, name: str) -> str | None:
     if name.startswith("head"):
         return "the head"
     if n % 16 or k % 16:
-        return f"weight {n} x {k}: not multiples of 16"
+        return f"out {n}, in {k}: not multiples of 16"
     if not args.float8_all_layers and not pays(module, name):
-        return f"weight {n} x {k}: under torchao's {args.float8_recipe} threshold"
+        return f"out {n}, in {k}: under torchao's {args.float8_recipe} threshold"
     return None
 
 
@@ -193,7 +196,15 @@ config = Float8LinearConfig.from_recipe_name(args.float8_recipe)
 config = dataclasses.replace(config, pad_inner_dim=True, emulate=args.float8_emulate)
 convert_to_float8_training(model, config=config, module_filter_fn=lambda m, name: name not in kept)
 converted = [name for name, m in model.named_modules() if type(m).__name__ == "Float8Linear"]
-scaling = {model.get_submodule(n).config.cast_config_input.scaling_granularity.value for n in converted}  # read back
+# read back from the converted layers, not from the flags: the recipe, the rounding of scales, emulation, padding
+configs = {model.get_submodule(name).config for name in converted}
+float8 = {
+    "scaling": sorted({c.cast_config_input.scaling_granularity.value for c in configs}),  # axiswise: per row
+    "scales_power_of_2": sorted({c.round_scales_to_power_of_2 for c in configs}),
+    "gradient_dtype": sorted({str(c.cast_config_grad_output.target_dtype).removeprefix("torch.") for c in configs}),
+    "emulated": sorted({c.emulate for c in configs}),
+    "pad_inner_dim": sorted({c.pad_inner_dim for c in configs}),
+}
 
 
 def blocks(names) -> str:
@@ -313,7 +324,7 @@ common.report(
     summary,
     epochs,
     precision=(f"{precision} + channels_last" if memory_format == torch.channels_last else precision)  # new #
-    + (" + float8 emulated" if args.float8_emulate else " + float8 matmuls"),  # new #
+    + (" + float8 emulated" if float8["emulated"] == [True] else " + float8 matmuls" if converted else ""),  # new #
     device=device,
     steps=step,
     params=sum(p.numel() for p in model.parameters()),  # the model's parameters (all of them)
@@ -324,7 +335,7 @@ common.report(
     compiled_blocks=sum(r is not m for r, m in zip(compiled, model)) if args.compile_regions else None,  # new #
     float8_recipe=args.float8_recipe,  # new #
     float8_layers=len(converted),  # new # Linear layers that run in float8
-    float8_scaling=", ".join(sorted(scaling)) or None,  # new # tensorwise; axiswise: rowwise's scales
+    float8_config=float8,  # new # as the converted layers hold it (empty lists: none converted)
     float8_filter="every layer" if args.float8_all_layers else "torchao's",  # new #
     test_images=len(test_loader.dataset),  # evaluate() counts every one of them
 )

@@ -545,18 +545,24 @@ def test_the_estimate_reads_the_records_scales_the_batch_and_compiles_each_scrip
     assert "batch 16" in found[0].source and found[3].source.startswith("as ") and "assumed" in found[4].source
 
 
-@pytest.mark.parametrize("profile", ["gpu", "gpu-more", "gpu-rest", "gpu-compile"], ids=lambda p: f"profile={p}")
-def test_a_gpu_profile_s_dry_run_fits_8_minutes_on_the_recorded_h200_costs(profile):
+@pytest.mark.parametrize(
+    "profile,rounds",
+    [("gpu", 3), ("gpu-more", 3), ("gpu-rest", 3), ("gpu-compile", 3), ("chunked-ce-gpu", 2), ("flex-attention-gpu", 2),
+     ("float8-gpu", 2)],  # fmt: skip
+    ids=lambda p: f"profile={p}" if isinstance(p, str) else None,
+)
+def test_a_gpu_profile_s_dry_run_fits_8_minutes_on_the_recorded_h200_costs(profile, rounds):
     """`bench.py --profile gpu --dry-run --gpu-kind h200` (and gpu-more, gpu-rest and gpu-compile, a rented GPU's next
-    quarter-hours): every planned run has an estimate from the results/ GPU folders' recorded runs (or its row's stated
-    estimate_s), the 3 interleaved rounds are all there, and the total, the bench's own seconds included, is at most 8
+    quarter-hours, and the topics' GPU profiles: chunked-ce-gpu, flex-attention-gpu, float8-gpu): every planned run has
+    an estimate from the results/ GPU folders' recorded runs (or its row's stated estimate_s), the profile's
+    interleaved rounds (3, or the topics' 2) are all there, and the total, the bench's own seconds included, is at most 8
     minutes: what one quarter-hour of a rented GPU leaves room for (bench/lease.sh). A row added to the profile without
     a record or an estimate fails here."""
     proc = run("bench/bench.py", "--profile", profile, "--dry-run", "--gpu-kind", "h200", timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     total = int(re.search(r"estimated: [\d.]+ minutes \((\d+) s:", proc.stdout).group(1))
     assert "? s" not in proc.stdout and "not counted" not in proc.stdout
-    assert set(re.findall(r"round +(\d+)", proc.stdout)) == {"0", "1", "2"}
+    assert set(re.findall(r"round +(\d+)", proc.stdout)) == {str(i) for i in range(rounds)}
     assert total <= 8 * 60, proc.stdout[-400:]
 
 

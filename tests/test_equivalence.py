@@ -528,8 +528,9 @@ def test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break_in_b
     keep: --float8-all-layers converts them): 2 epochs of 2 compiled training steps with an evaluation between them
     (the eager model, under autocast: a recompile it caused would show at the next epoch's first step). Compared:
     Dynamo's graph count, equal (1, today), no later step recompiled, and no graph break in either log. That float8
-    ran, and with the recipe asked for: its 24 of 25 Linear layers converted, the emulation named, the scales read
-    back from a converted layer (tensorwise; rowwise's are axiswise), and the precision label; the training loss
+    ran, and with the recipe asked for: its 24 of 25 Linear layers converted, the emulation named, the recipe's
+    config read back from the converted layers (tensorwise scales and e5m2 gradients; rowwise's per row, powers of 2,
+    e4m3 gradients; emulated, the inner dimension padded), and the precision label; the training loss
     follows the base's within 1 % (float8's rounding of activations, weights and gradients; 0.14 % measured, and a
     recipe whose scales went wrong, or a float8 cast without its scale, is off by far more). What it catches: a graph
     break or host sync put into the compiled forward by the lesson (each break is another graph at least), a
@@ -540,11 +541,16 @@ def test_float8_emulated_compiles_into_train_compile_s_graphs_with_no_break_in_b
     assert base["graphs_compiled"] == 1 and base["recompiled_steps"] == 0 and base_breaks == []
     assert base["precision"] == "amp bfloat16"
     layers = "block*.attn.q, block*.attn.k, block*.attn.v, block*.attn.out, block*.mlp.fc1, block*.mlp.fc2"
-    for recipe, scaling in (("tensorwise", "tensorwise"), ("rowwise", "axiswise")):
+    recipes = {  # torchao's recipes as Float8LinearConfig.from_recipe_name builds them (torchao 0.18's config.py)
+        "tensorwise": {"scaling": ["tensorwise"], "scales_power_of_2": [False], "gradient_dtype": ["float8_e5m2"]},
+        "rowwise": {"scaling": ["axiswise"], "scales_power_of_2": [True], "gradient_dtype": ["float8_e4m3fn"]},
+    }
+    for recipe, config in recipes.items():
         flags = ["--float8-emulate", "--float8-all-layers", "--float8-recipe", recipe]
         float8, breaks, stdout = compiled_graphs(tmp_path, "train_float8.py", *SAME, *FLOAT8_COMPILE, *flags)
         assert f"float8 ({recipe}): 24 of 25 Linear layers: {layers}\n" in stdout and "float8: emulated" in stdout
-        assert float8["float8_recipe"] == recipe and float8["float8_scaling"] == scaling and float8["float8_layers"] == 24
+        assert float8["float8_recipe"] == recipe and float8["float8_layers"] == 24
+        assert float8["float8_config"] == {**config, "emulated": [True], "pad_inner_dim": [True]}, float8["float8_config"]
         assert float8["precision"] == "amp bfloat16 + float8 emulated"
         assert float8["steps"] == base["steps"] == 4 and len(float8["epochs"]) == 2
         assert breaks == [], f"{recipe}: graph breaks at {breaks}"
@@ -573,7 +579,7 @@ def test_float8_on_cuda_compiles_into_train_compile_s_graphs(tmp_path):
              "1024", "--batch-size", "16", "--subset", "64", "--test-subset", "16", "--epochs", "2", "--warmup-steps",
              "6", "--sample-chars", "0"]  # fmt: skip  # 2 epochs of 4 steps
     base, base_breaks, _ = compiled_graphs(tmp_path, "train_compile.py", *flags, "--amp-dtype", "bfloat16")
-    float8, breaks, _ = compiled_graphs(tmp_path, "train_float8.py", *flags)
+    float8, breaks, _ = compiled_graphs(tmp_path, "train_float8.py", *flags, "--float8-all-layers")  # the H200's
     assert base["graphs_compiled"] == 1 and base_breaks == []
     assert breaks == [], f"graph breaks at {breaks}"
     assert float8["graphs_compiled"] == base["graphs_compiled"] and float8["recompiled_steps"] == 0
