@@ -44,7 +44,7 @@ parser.add_argument(  # new #
 )
 args = common.parse_args(parser)
 if args.model not in common.TEXT_MODELS:  # new # a language model's samples are text of varying length
-    common.die(f"train_varlen.py trains a language model (gpt, gpt2) on text, not {args.model}")  # new #
+    common.die(f"train_flex_attention.py trains a language model (gpt, gpt2) on text, not {args.model}")  # new #
 generator = common.seed_everything(args.seed, args.deterministic)
 device = common.get_device(args.device)
 

@@ -1,5 +1,6 @@
 """Shared helpers: run a project script as a real subprocess, find the real Fashion-MNIST files, skip GPU tests."""
 
+import ast
 import hashlib
 import importlib.util
 import json
@@ -107,6 +108,21 @@ def _zygote_run(argv: list[str], env: dict, timeout: float) -> subprocess.Comple
         out.seek(0)
         err.seek(0)
         return subprocess.CompletedProcess([sys.executable, *argv], status, out.read(), err.read())
+
+
+def script_definitions(script: str, names: tuple[str, ...], namespace: dict) -> dict:
+    """The top-level functions, classes and assignments `names` of `script` (a path under the repository), their
+    source compiled alone into `namespace` (the modules they use), which is returned: a test runs the script's own
+    code, not a copy, without running the script. Fails when one of `names` is not defined there."""
+
+    def name(node):  # a def's or class's name, or the name an assignment binds
+        target = node.targets[0] if isinstance(node, ast.Assign) else None
+        return getattr(node, "name", None) or getattr(target, "id", None)
+
+    nodes = [n for n in ast.parse((REPO / script).read_text()).body if name(n) in names]
+    assert sorted(map(name, nodes)) == sorted(names), f"{script} defines {sorted(map(name, nodes))}, not {names}"
+    exec(compile(ast.Module(nodes, type_ignores=[]), script, "exec"), namespace)
+    return namespace
 
 
 def assert_one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:

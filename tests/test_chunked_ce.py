@@ -2,11 +2,10 @@
 gradients, ignored targets (-100) included, and the logits are never held whole: not by autograd between forward and
 backward, and in backward one chunk's at a time."""
 
-import ast
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import script_definitions
 from test_equivalence import assert_parity, first_moments, train
 
 SCRIPT = "src/train_chunked_ce.py"
@@ -16,13 +15,8 @@ GPT = ["--model", "gpt", "--subset", "128", "--test-subset", "64", "--seq-len", 
 
 
 def script_function(name: str):
-    """The function `name` as train_chunked_ce.py defines it (its source, compiled alone: the test runs the
-    script's own code, not a copy)."""
-    source = (REPO / SCRIPT).read_text()
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == name)
-    namespace = {"torch": torch, "nn": torch.nn}
-    exec(compile(ast.Module([node], type_ignores=[]), SCRIPT, "exec"), namespace)
-    return namespace[name]
+    """The function `name` as train_chunked_ce.py defines it (conftest's script_definitions: the script's own code)."""
+    return script_definitions(SCRIPT, (name,), {"torch": torch, "nn": torch.nn})[name]
 
 
 def test_the_chunked_loss_and_its_gradients_are_the_whole_logits_ones_ignored_targets_included():

@@ -3,13 +3,12 @@ logits each speech gets alone through train_varlen.py's causal SDPA (no attentio
 each speech's start); FlexAttention's BlockMask path (a GPU's) gives the dense mask's logits; the script's other
 batchings train train_varlen.py's steps bit for bit."""
 
-import ast
 import copy
 import functools
 
 import pytest
 import torch
-from conftest import REPO
+from conftest import script_definitions
 from test_equivalence import assert_identical, first_moments, train, weights
 
 import common
@@ -22,30 +21,22 @@ GPT = ["--model", "gpt", "--subset", "24", "--test-subset", "16", "--seq-len", "
        "--epochs", "2", "--sample-chars", "0", "--lr", "1e-3"]  # fmt: skip
 
 
-def script_definitions() -> dict:
-    """The document mask's functions and classes as train_flex_attention.py defines them (their source, compiled
-    alone: the test runs the script's own code, not a copy)."""
-    source = (REPO / SCRIPT).read_text()
-    def name(node):  # a def's or class's name, or the name an assignment binds
-        target = node.targets[0] if isinstance(node, ast.Assign) else None
-        return getattr(node, "name", None) or getattr(target, "id", None)
-
-    nodes = [n for n in ast.parse(source).body if name(n) in NAMES]
-    assert sorted(map(name, nodes)) == sorted(NAMES)
+def script_code() -> dict:
+    """The document mask's functions and classes as train_flex_attention.py defines them (conftest's
+    script_definitions: the script's own code, compiled anew, so its torch.compile objects are this call's own)."""
     from torch.nn.attention import flex_attention as fa
 
     namespace = {"torch": torch, "nn": torch.nn, "functools": functools, "F": torch.nn.functional, "common": common,
                  "create_block_mask": fa.create_block_mask, "create_mask": fa.create_mask,
                  "flex_attention": fa.flex_attention}  # fmt: skip
-    exec(compile(ast.Module(nodes, type_ignores=[]), SCRIPT, "exec"), namespace)
-    return namespace
+    return script_definitions(SCRIPT, NAMES, namespace)
 
 
 @pytest.fixture(scope="module")
 def packed():
     """4 training blocks of 64 characters that hold 3 speeches or more each (so every row has speeches after its
     first, whose attention and positions the mask changes), the GPT (seed 0) and the script's definitions."""
-    script = script_definitions()
+    script = script_code()
     inputs = common.text.shakespeare(64)[0].tensors[0][:400]
     speech, _ = script["documents"](inputs)
     rows = inputs[speech[:, -1] >= 2][:4]
@@ -106,7 +97,7 @@ def test_the_flex_attention_block_mask_path_gives_the_dense_mask_s_logits():
     and SDPA give the same logits within 4e-6 (float32; another kernel's order of sums: 5.4e-7 measured), and the
     BlockMask skips tiles (its sparsity, the share of tiles left out, above 0). One shape only: torch 2.15's CPU
     flex_attention kernel fails to compile at a second shape, under the dynamic shapes it then tries."""
-    script = script_definitions()  # compiled objects of its own: this test's shape is their first
+    script = script_code()  # compiled objects of its own: this test's shape is their first
     rows = common.text.shakespeare(512)[0].tensors[0][:2]
     torch.manual_seed(0)
     dense = common.build_model("gpt", 84, 512).eval()
@@ -128,7 +119,7 @@ def test_on_a_gpu_flex_attention_trains_what_the_dense_mask_trains():
     mask through SDPA, 4 blocks of 512 characters: the loss within 1e-5 relative and every parameter's gradient
     within 1e-3 relative (float32; two kernels' orders of sums; not measured yet: the first GPU run sets it), then an
     evaluation-sized batch (64 rows) and a 20-character generation through the flex model, which run."""
-    script = script_definitions()
+    script = script_code()
     device = torch.device("cuda")
     rows = common.text.shakespeare(512)[0].tensors
     inputs, targets = rows[0][:4].to(device), rows[1][:4].to(device)
